@@ -1,0 +1,5 @@
+"""Allows `python -m app`."""
+
+from app.cli import main
+
+main()

@@ -1,0 +1,128 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import __version__
+from app.api.errors import install_error_handlers, problem_response
+from app.api.routes import dead_letters, health, jobs, targets
+from app.runtime import Runtime
+from app.services.loop import run_forever
+from app.services.reaper import Reaper, ReaperConfig
+from app.services.scheduler import Scheduler, SchedulerConfig
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+# Room for the request's other fields around the largest allowed payload.
+BODY_OVERHEAD_BYTES = 64 * 1024
+
+
+def create_app(settings: Settings, engine: AsyncEngine | None = None, run_services: bool = False) -> FastAPI:
+    """With `engine`, the caller owns the database (tests). Without, the app's lifespan starts
+    a Runtime, and with `run_services` also the scheduler and reaper (`cronhook up`)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if engine is not None:
+            yield
+            return
+        runtime = Runtime(settings)
+        app.state.engine = await runtime.start()
+        stop = asyncio.Event()
+        tasks: list[asyncio.Task[None]] = []
+        scheduler: Scheduler | None = None
+        if run_services:
+            scheduler = Scheduler(app.state.engine, SchedulerConfig.from_settings(settings))
+            reaper = Reaper(app.state.engine, ReaperConfig.from_settings(settings))
+            tasks = [
+                asyncio.create_task(scheduler.run_forever(stop)),
+                asyncio.create_task(run_forever(reaper, stop, logging.getLogger("app.services.reaper"))),
+            ]
+        try:
+            yield
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if scheduler is not None:
+                await scheduler.close(grace_s=settings.max_target_timeout_s)
+            await runtime.stop()
+
+    app = FastAPI(
+        title="cronhook",
+        version=__version__,
+        description="Schedule webhooks: once, after a delay, on a cron expression, or at a fixed interval.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    if engine is not None:
+        app.state.engine = engine
+    install_error_handlers(app)
+    for module in (targets, jobs, dead_letters, health):
+        app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES)
+    return app
+
+
+class BodySizeLimit:
+    """Rejects request bodies over `max_bytes` with 413, whether or not Content-Length is sent.
+
+    The body is buffered (it is small by construction) and replayed to the app, so nothing
+    downstream ever sees a truncated request.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # client went away; let the app see an empty body
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._reject(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = problem_response(
+            Request(scope),
+            413,
+            f"request body exceeds {self.max_bytes} bytes",
+            slug="payload-too-large",
+            errors=[{"field": "body", "message": "too large"}],
+        )
+        await response(scope, receive, send)

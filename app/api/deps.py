@@ -1,0 +1,58 @@
+"""Request dependencies: settings, a per-request transaction, and the authenticated tenant."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.api.errors import Problem
+from app.settings import Settings
+from app.store.tenants import api_key_authenticate
+
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer chk_...`")
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_engine(request: Request) -> AsyncEngine:
+    engine: AsyncEngine = request.app.state.engine
+    return engine
+
+
+async def get_conn(engine: Annotated[AsyncEngine, Depends(get_engine)]) -> AsyncIterator[AsyncConnection]:
+    # One transaction per request: an error anywhere rolls everything back.
+    async with engine.begin() as conn:
+        yield conn
+
+
+Conn = Annotated[AsyncConnection, Depends(get_conn)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+_UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="cronhook"'}
+
+
+async def require_tenant(
+    conn: Conn, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> uuid.UUID:
+    if credentials is None or not credentials.credentials:
+        raise Problem(
+            401,
+            "missing API key: send `Authorization: Bearer <key>`",
+            slug="unauthorized",
+            headers=_UNAUTHORIZED,
+        )
+    tenant_id = await api_key_authenticate(conn, credentials.credentials)
+    if tenant_id is None:
+        raise Problem(401, "invalid API key", slug="unauthorized", headers=_UNAUTHORIZED)
+    return tenant_id
+
+
+TenantId = Annotated[uuid.UUID, Depends(require_tenant)]

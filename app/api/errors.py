@@ -1,0 +1,160 @@
+"""RFC 9457 problem+json for every error the API returns, from one set of handlers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.domain.schedule import ScheduleError
+from app.logs import log_event
+from app.services.loop import TRANSIENT_DB_ERRORS
+from app.store.pagination import InvalidCursor
+
+logger = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+class Problem(Exception):
+    """Raise from a route to answer with a problem document."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        slug: str | None = None,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.slug = slug
+        self.field = field
+        self.headers = headers
+        self.extra = extra or {}
+
+
+def problem_response(
+    request: Request,
+    status: int,
+    detail: str,
+    *,
+    slug: str | None = None,
+    errors: list[dict[str, str]] | None = None,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": f"urn:cronhook:problem:{slug}" if slug else "about:blank",
+        "title": _TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+        "instance": request.url.path,
+    }
+    if errors:
+        body["errors"] = errors
+    if extra:
+        body.update(extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def field_error(field: str, message: str) -> list[dict[str, str]]:
+    return [{"field": field, "message": message}]
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    # ("body", "headers", "X-Foo") -> "headers.X-Foo"; ("query", "limit") -> "limit"
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        errors = field_error(exc.field, exc.detail) if exc.field else None
+        return problem_response(
+            request,
+            exc.status,
+            exc.detail,
+            slug=exc.slug,
+            errors=errors,
+            headers=exc.headers,
+            extra=exc.extra,
+        )
+
+    @app.exception_handler(ScheduleError)
+    async def _schedule(request: Request, exc: ScheduleError) -> JSONResponse:
+        return problem_response(
+            request,
+            422,
+            f"{exc.field}: {exc.message}",
+            slug="validation",
+            errors=field_error(exc.field, exc.message),
+        )
+
+    @app.exception_handler(InvalidCursor)
+    async def _cursor(request: Request, exc: InvalidCursor) -> JSONResponse:
+        return problem_response(
+            request, 400, "cursor: invalid cursor", slug="validation", errors=field_error("cursor", str(exc))
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors: list[dict[str, str]] = []
+        for err in exc.errors():
+            if err.get("type") == "json_invalid":
+                return problem_response(
+                    request,
+                    400,
+                    "the request body is not valid JSON",
+                    slug="malformed-json",
+                    errors=field_error("body", str(err.get("msg", "invalid JSON"))),
+                )
+            field = _field_name(tuple(err.get("loc", ())))
+            message = str(err.get("msg", "invalid"))
+            if err.get("type") == "extra_forbidden":
+                message = "unknown field"
+            errors.append({"field": field, "message": message})
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or "invalid request"
+        return problem_response(request, 422, detail, slug="validation", errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers) if exc.headers else None
+        return problem_response(request, exc.status_code, str(exc.detail), headers=headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, TRANSIENT_DB_ERRORS):
+            log_event(logger, "request_db_unavailable", logging.WARNING, path=request.url.path)
+            return problem_response(
+                request,
+                503,
+                "the database is unavailable; try again",
+                slug="unavailable",
+                headers={"Retry-After": "1"},
+            )
+        # Never echo the exception: it may carry SQL, payloads or secrets.
+        log_event(logger, "request_failed", logging.ERROR, path=request.url.path, error=type(exc).__name__)
+        logger.debug("request_failed_traceback", exc_info=exc)
+        return problem_response(request, 500, "internal error", slug="internal")

@@ -1,0 +1,40 @@
+"""Liveness and readiness probes (no auth)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.api.deps import get_engine
+from app.api.schemas import Health, Readiness
+from app.db.migrate import schema_is_current
+from app.logs import log_event
+from app.services.loop import TRANSIENT_DB_ERRORS
+
+router = APIRouter(tags=["health"])
+logger = logging.getLogger(__name__)
+
+
+@router.get("/healthz", operation_id="healthz")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", operation_id="readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+async def readyz(engine: AsyncEngine = Depends(get_engine)) -> Readiness | JSONResponse:  # noqa: B008
+    database = schema_current = False
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        database = True
+        schema_current = await schema_is_current(engine)
+    except TRANSIENT_DB_ERRORS as exc:
+        log_event(logger, "readiness_db_unavailable", logging.WARNING, error=type(exc).__name__)
+    if database and schema_current:
+        return Readiness(status="ready", database=True, schema_current=True)
+    body = Readiness(status="unavailable", database=database, schema_current=schema_current)
+    return JSONResponse(body.model_dump(), status_code=503)

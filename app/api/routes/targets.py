@@ -1,0 +1,116 @@
+"""/v1/targets: where webhooks go, and the secrets they are signed with."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+
+from app.api.deps import Conn, SettingsDep, TenantId
+from app.api.errors import Problem
+from app.api.schemas import (
+    Page,
+    TargetCreate,
+    TargetPublic,
+    TargetSecret,
+    TargetUpdate,
+    TargetWithSecret,
+    target_public,
+)
+from app.settings import Settings
+from app.store import targets as store
+from app.store.pagination import decode_time_id_cursor, encode_cursor
+
+router = APIRouter(prefix="/v1/targets", tags=["targets"])
+
+NOT_FOUND = "target not found"
+
+
+def _check_timeout(settings: Settings, timeout_s: float | None) -> None:
+    if timeout_s is not None and timeout_s > settings.max_target_timeout_s:
+        raise Problem(
+            422,
+            f"must be at most {settings.max_target_timeout_s:g} (CRONHOOK_MAX_TARGET_TIMEOUT_S)",
+            slug="validation",
+            field="timeout_s",
+        )
+
+
+@router.post("", status_code=201, operation_id="createTarget")
+async def create_target(body: TargetCreate, tenant_id: TenantId, conn: Conn, settings: SettingsDep) -> TargetWithSecret:
+    _check_timeout(settings, body.timeout_s)
+    row, secret = await store.target_create(
+        conn,
+        tenant_id,
+        name=body.name,
+        url=body.url,
+        headers=body.headers or {},
+        timeout_s=body.timeout_s or settings.default_target_timeout_s,
+    )
+    return TargetWithSecret(**target_public(row).model_dump(), secret=secret)
+
+
+@router.get("", operation_id="listTargets")
+async def list_targets(
+    tenant_id: TenantId,
+    conn: Conn,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> Page[TargetPublic]:
+    after = decode_time_id_cursor(cursor) if cursor else None
+    rows = await store.target_list(conn, tenant_id, limit + 1, after)
+    next_cursor = encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
+    return Page[TargetPublic](items=[target_public(r) for r in rows[:limit]], next_cursor=next_cursor)
+
+
+@router.get("/{target_id}", operation_id="getTarget")
+async def get_target(target_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> TargetPublic:
+    row = await store.target_get(conn, tenant_id, target_id)
+    if row is None:
+        raise Problem(404, NOT_FOUND, slug="not-found")
+    return target_public(row)
+
+
+@router.patch("/{target_id}", operation_id="updateTarget")
+async def update_target(
+    target_id: uuid.UUID, body: TargetUpdate, tenant_id: TenantId, conn: Conn, settings: SettingsDep
+) -> TargetPublic:
+    changes: dict[str, Any] = body.model_dump(exclude_unset=True)
+    for field in ("name", "url", "timeout_s"):
+        if field in changes and changes[field] is None:
+            raise Problem(422, "must not be null", slug="validation", field=field)
+    if "headers" in changes and changes["headers"] is None:
+        changes["headers"] = {}
+    _check_timeout(settings, changes.get("timeout_s"))
+    if not changes:
+        row = await store.target_get(conn, tenant_id, target_id)
+    else:
+        row = await store.target_update(conn, tenant_id, target_id, changes)
+    if row is None:
+        raise Problem(404, NOT_FOUND, slug="not-found")
+    return target_public(row)
+
+
+@router.delete("/{target_id}", status_code=204, operation_id="deleteTarget")
+async def delete_target(target_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> Response:
+    if not await store.target_lock_for_delete(conn, tenant_id, target_id):
+        raise Problem(404, NOT_FOUND, slug="not-found")
+    active = await store.target_count_active_jobs(conn, target_id)
+    if active:
+        raise Problem(
+            409,
+            f"target has {active} active job(s); cancel them first",
+            slug="target-in-use",
+            extra={"active_jobs": active},
+        )
+    await store.target_delete(conn, tenant_id, target_id)
+    return Response(status_code=204)
+
+
+@router.post("/{target_id}/rotate-secret", operation_id="rotateTargetSecret")
+async def rotate_secret(target_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> TargetSecret:
+    secret = await store.target_rotate_secret(conn, tenant_id, target_id)
+    if secret is None:
+        raise Problem(404, NOT_FOUND, slug="not-found")
+    return TargetSecret(id=target_id, secret=secret)

@@ -1,0 +1,249 @@
+"""Request and response models: XCreate / XUpdate / XPublic per resource.
+
+Requests forbid unknown fields, so a typo is a 422 naming the field, not a silent default.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from typing import Annotated, Any, Generic, Literal, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+from app.domain.states import JobState
+from app.settings import TARGET_TIMEOUT_CEILING_S
+
+T = TypeVar("T")
+
+# Headers cronhook sets itself, or that would break the request if a target overrode them.
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "user-agent",
+        "te",
+        "upgrade",
+    }
+)
+RESERVED_HEADER_PREFIXES = ("webhook-", "cronhook-")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+MAX_HEADERS = 32
+MAX_URL_LENGTH = 2048
+MAX_DELAY_S = 10 * 365 * 86400
+
+
+class RequestModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_url(value: str) -> str:
+    if len(value) > MAX_URL_LENGTH:
+        raise ValueError(f"must be at most {MAX_URL_LENGTH} characters")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must be an http:// or https:// URL")
+    if not parts.hostname:
+        raise ValueError("must include a host")
+    if parts.username or parts.password:
+        # Credentials in the URL would be echoed by every read; use `headers` instead.
+        raise ValueError("must not contain credentials; put them in `headers`")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise ValueError("has an invalid port") from exc
+    return value
+
+
+def _check_headers(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if len(value) > MAX_HEADERS:
+        raise ValueError(f"at most {MAX_HEADERS} headers")
+    seen: set[str] = set()
+    for name, header_value in value.items():
+        lower = name.lower()
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"{name!r} is not a valid header name")
+        if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIXES):
+            raise ValueError(f"{name!r} is set by cronhook and cannot be overridden")
+        if lower in seen:
+            raise ValueError(f"{name!r} is given twice")
+        seen.add(lower)
+        if any(c in header_value for c in "\r\n\0") or len(header_value) > 4096:
+            raise ValueError(f"the value of {name!r} is not a valid header value")
+    return value
+
+
+class TargetCreate(RequestModel):
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    url: Annotated[str, Field(description="http(s) URL the webhooks are POSTed to")]
+    headers: dict[str, str] | None = Field(
+        default=None, description="Extra request headers (e.g. Authorization); values are never returned"
+    )
+    timeout_s: Annotated[float | None, Field(gt=0, le=TARGET_TIMEOUT_CEILING_S)] = Field(
+        default=None, description="Total deadline of one delivery; default CRONHOOK_DEFAULT_TARGET_TIMEOUT_S"
+    )
+
+    _url = field_validator("url")(_check_url)
+    _headers = field_validator("headers")(_check_headers)
+
+
+class TargetUpdate(RequestModel):
+    name: Annotated[str | None, Field(min_length=1, max_length=200)] = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+    timeout_s: Annotated[float | None, Field(gt=0, le=TARGET_TIMEOUT_CEILING_S)] = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value)
+
+    _headers = field_validator("headers")(_check_headers)
+
+
+class TargetPublic(BaseModel):
+    id: uuid.UUID
+    name: str
+    url: str
+    headers: dict[str, str] = Field(description="Header names; values are redacted")
+    timeout_s: float
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class TargetWithSecret(TargetPublic):
+    secret: str = Field(description="Signing secret (whsec_...); shown only on create and rotate")
+
+
+class TargetSecret(BaseModel):
+    id: uuid.UUID
+    secret: str
+
+
+class JobCreate(RequestModel):
+    target_id: uuid.UUID
+    payload: JsonValue = Field(default=None, description="Any JSON; sent as the webhook body")
+    name: Annotated[str | None, Field(max_length=200)] = None
+    priority: Annotated[int, Field(ge=0, le=9)] = 0
+    max_attempts: Annotated[int | None, Field(ge=1, le=100)] = None
+    backoff_base_s: Annotated[float | None, Field(gt=0, le=86400)] = None
+    backoff_max_s: Annotated[float | None, Field(gt=0, le=7 * 86400)] = None
+    run_at: AwareDatetime | None = Field(default=None, description="RFC 3339 timestamp with offset")
+    delay_s: Annotated[float | None, Field(gt=0, le=MAX_DELAY_S)] = None
+    cron: Annotated[str | None, Field(min_length=1, max_length=200)] = None
+    timezone: Annotated[str | None, Field(min_length=1, max_length=64)] = Field(
+        default=None, description="IANA time zone for `cron` (default UTC)"
+    )
+    every_s: Annotated[int | None, Field(ge=1, le=366 * 86400)] = None
+
+
+class JobPublic(BaseModel):
+    id: uuid.UUID
+    name: str | None
+    target_id: uuid.UUID
+    state: JobState
+    payload: JsonValue
+    priority: int
+    schedule_kind: Literal["once", "cron", "interval"]
+    cron: str | None
+    timezone: str | None
+    every_s: int | None
+    next_run_at: dt.datetime | None = Field(description="When the job next becomes due (fire time or retry)")
+    scheduled_for: dt.datetime = Field(description="Nominal fire time of the current occurrence")
+    attempt: int
+    max_attempts: int
+    backoff_base_s: float
+    backoff_max_s: float
+    last_status_code: int | None
+    last_error: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+class RunPublic(BaseModel):
+    id: int
+    scheduled_for: dt.datetime
+    attempt: int
+    started_at: dt.datetime | None
+    finished_at: dt.datetime
+    status_code: int | None
+    duration_ms: int | None
+    outcome: Literal["success", "http_error", "timeout", "connection_error", "lease_expired"]
+    error: str | None
+
+
+class DeadLetterPublic(BaseModel):
+    id: uuid.UUID
+    job_id: uuid.UUID
+    target_id: uuid.UUID
+    scheduled_for: dt.datetime
+    payload: JsonValue
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    created_at: dt.datetime
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "unavailable"]
+    database: bool
+    schema_current: bool
+
+
+def job_public(row: Any) -> JobPublic:
+    return JobPublic(
+        id=row["id"],
+        name=row["name"],
+        target_id=row["target_id"],
+        state=row["state"],
+        payload=row["payload"],
+        priority=row["priority"],
+        schedule_kind=row["schedule_kind"],
+        cron=row["cron"],
+        timezone=row["timezone"] if row["schedule_kind"] == "cron" else None,
+        every_s=row["every_s"],
+        next_run_at=row["run_at"],
+        scheduled_for=row["scheduled_for"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        backoff_base_s=row["backoff_base_s"],
+        backoff_max_s=row["backoff_max_s"],
+        last_status_code=row["last_status_code"],
+        last_error=row["last_error"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+REDACTED = "<redacted>"
+
+
+def target_public(row: Any) -> TargetPublic:
+    headers = dict.fromkeys(row["headers"] or {}, REDACTED)
+    return TargetPublic(
+        id=row["id"],
+        name=row["name"],
+        url=row["url"],
+        headers=headers,
+        timeout_s=row["timeout_s"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )

@@ -1,0 +1,27 @@
+"""Creating the async SQLAlchemy engine from a user-supplied URL."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+
+def normalize_url(raw: str) -> URL:
+    """Accept `postgresql://`, `postgres://` and `postgresql+asyncpg://` alike."""
+    url = make_url(raw.replace("postgres://", "postgresql://", 1) if raw.startswith("postgres://") else raw)
+    if url.drivername in ("postgresql", "postgresql+psycopg2", "postgresql+psycopg"):
+        url = url.set(drivername="postgresql+asyncpg")
+    if url.drivername != "postgresql+asyncpg":
+        raise ValueError(f"unsupported database URL scheme {url.drivername!r}; use postgresql://")
+    return url
+
+
+def create_engine(raw_url: str, pool_size: int = 10) -> AsyncEngine:
+    return create_async_engine(
+        normalize_url(raw_url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        # A connection dropped by a PostgreSQL restart is replaced instead of reused.
+        pool_recycle=1800,
+    )

@@ -1,0 +1,61 @@
+"""Applying and checking the alembic migrations that ship with the package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from alembic import command
+
+# Any fixed number: serialises concurrent `migrate` runs (several replicas starting at once).
+_MIGRATION_LOCK_ID = 0x63726F6E68  # "cronh"
+
+
+def script_location() -> Path:
+    package_dir = Path(__file__).resolve().parent.parent
+    shipped = package_dir / "_migrations"  # inside an installed wheel
+    if shipped.is_dir():
+        return shipped
+    return package_dir.parent / "alembic"  # a source checkout / editable install
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
+    return config
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+async def migrate_to_head(engine: AsyncEngine) -> None:
+    async with engine.connect() as connection:
+        await connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+        try:
+            await connection.run_sync(_upgrade)
+            await connection.commit()
+        finally:
+            await connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID})
+            await connection.commit()
+
+
+def _upgrade(connection: Connection) -> None:
+    config = alembic_config()
+    config.attributes["connection"] = connection
+    command.upgrade(config, "head")
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    async with engine.connect() as connection:
+        return await connection.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
+
+
+async def schema_is_current(engine: AsyncEngine) -> bool:
+    return await current_revision(engine) == head_revision()

@@ -1,0 +1,1 @@
+"""Pure domain logic: job states, schedule and retry math, signing. No I/O here."""

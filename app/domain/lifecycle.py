@@ -1,0 +1,47 @@
+"""What happens to a job after an attempt: the pure decision, applied by app/store/jobs.py.
+
+Used by the scheduler (an attempt returned) and the reaper (a lease expired, which counts as
+a failed attempt). Keeping one function means both paths agree on retries and dead letters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from dataclasses import dataclass
+
+from app.domain.retry import RetryPolicy, attempts_exhausted, backoff_delay
+from app.domain.schedule import Schedule, next_fire_after_occurrence
+from app.domain.states import JobState
+
+
+@dataclass(frozen=True)
+class AttemptContext:
+    schedule: Schedule
+    scheduled_for: dt.datetime
+    anchor: dt.datetime
+    attempt: int  # the attempt just made, 1-based
+    policy: RetryPolicy
+
+
+@dataclass(frozen=True)
+class NextStep:
+    state: JobState
+    # Absolute fire time of the next occurrence (recurring jobs), or None.
+    next_occurrence_at: dt.datetime | None = None
+    # Seconds from the database's now() until the retry (state retrying), or None.
+    retry_delay_s: float | None = None
+    # The failed occurrence goes to the dead-letter queue.
+    dead_letter: bool = False
+
+
+def after_attempt(ctx: AttemptContext, succeeded: bool, now: dt.datetime, rng: random.Random) -> NextStep:
+    if not succeeded and not attempts_exhausted(ctx.policy, ctx.attempt):
+        return NextStep(JobState.RETRYING, retry_delay_s=backoff_delay(ctx.policy, ctx.attempt, rng))
+    dead_letter = not succeeded
+    # A recurring job keeps its schedule after a failed occurrence (as Cloud Scheduler does):
+    # the occurrence is dead-lettered and the next one is scheduled.
+    next_at = next_fire_after_occurrence(ctx.schedule, ctx.scheduled_for, ctx.anchor, now)
+    if next_at is not None:
+        return NextStep(JobState.SCHEDULED, next_occurrence_at=next_at, dead_letter=dead_letter)
+    return NextStep(JobState.DEAD if dead_letter else JobState.SUCCEEDED, dead_letter=dead_letter)

@@ -1,0 +1,184 @@
+"""Schedules and their fire-time math. Pure functions: `now` is always passed in.
+
+A job has exactly one schedule:
+- Once: fires at one instant (`run_at`, or `delay_s` from creation).
+- Cron: a cron expression evaluated in an IANA time zone.
+- Interval: every `every_s` seconds, anchored at the first fire time (fixed rate).
+
+Missed occurrences (the service was down or backlogged) are coalesced: after an occurrence
+runs, the next fire time is the first one strictly after both the occurrence and `now`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadCronError, CroniterBadDateError, croniter
+
+UTC = dt.UTC
+
+# Evaluating an untrusted expression must be bounded: croniter gives up after this many
+# years without a match (Feb 30 never matches).
+MAX_YEARS_BETWEEN_FIRES = 5
+
+
+class ScheduleError(ValueError):
+    """An invalid schedule; `field` names the offending input field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class OnceSchedule:
+    at: dt.datetime
+
+
+@dataclass(frozen=True)
+class CronSchedule:
+    expression: str
+    timezone: str = "UTC"
+
+
+@dataclass(frozen=True)
+class IntervalSchedule:
+    every_s: int
+
+
+Schedule = OnceSchedule | CronSchedule | IntervalSchedule
+
+
+def load_timezone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ScheduleError("timezone", f"unknown IANA time zone {name!r}") from exc
+
+
+def validate_cron(expression: str, timezone: str, now: dt.datetime) -> None:
+    """Raises ScheduleError unless the expression parses and fires within the bound."""
+    if not croniter.is_valid(expression):
+        raise ScheduleError("cron", f"invalid cron expression {expression!r}")
+    try:
+        next_cron_fire(CronSchedule(expression, timezone), now)
+    except ScheduleError:
+        raise
+    except (CroniterBadCronError, CroniterBadDateError, ValueError) as exc:
+        raise ScheduleError("cron", f"cron expression {expression!r} never fires") from exc
+
+
+def next_cron_fire(schedule: CronSchedule, after: dt.datetime) -> dt.datetime:
+    """The first fire time strictly after `after`, as an aware UTC datetime."""
+    _require_aware(after)
+    zone = load_timezone(schedule.timezone)
+    local_after = after.astimezone(zone)
+    try:
+        itr = croniter(
+            schedule.expression,
+            local_after,
+            max_years_between_matches=MAX_YEARS_BETWEEN_FIRES,
+        )
+        fire = itr.get_next(dt.datetime)
+    except CroniterBadDateError as exc:
+        raise ScheduleError("cron", f"cron expression {schedule.expression!r} never fires") from exc
+    except (CroniterBadCronError, ValueError) as exc:
+        raise ScheduleError("cron", f"invalid cron expression {schedule.expression!r}") from exc
+    fire_utc: dt.datetime = fire.astimezone(UTC)
+    return fire_utc
+
+
+def next_interval_fire(schedule: IntervalSchedule, anchor: dt.datetime, after: dt.datetime) -> dt.datetime:
+    """The first time `anchor + k * every_s` (k >= 1) strictly after `after` (fixed rate)."""
+    _require_aware(anchor)
+    _require_aware(after)
+    step = dt.timedelta(seconds=schedule.every_s)
+    if after < anchor:
+        return anchor + step
+    elapsed = (after - anchor) / step
+    k = max(1, math.floor(elapsed) + 1)
+    return anchor + k * step
+
+
+def first_fire(schedule: Schedule, now: dt.datetime) -> dt.datetime:
+    """The fire time of a newly created job's first occurrence."""
+    _require_aware(now)
+    if isinstance(schedule, OnceSchedule):
+        return schedule.at.astimezone(UTC)
+    if isinstance(schedule, CronSchedule):
+        return next_cron_fire(schedule, now)
+    return now + dt.timedelta(seconds=schedule.every_s)
+
+
+def next_fire_after_occurrence(
+    schedule: Schedule, occurrence: dt.datetime, anchor: dt.datetime, now: dt.datetime
+) -> dt.datetime | None:
+    """The next fire time once the occurrence due at `occurrence` is done; None for one-offs.
+
+    Missed fire times between `occurrence` and `now` are coalesced (skipped).
+    """
+    if isinstance(schedule, OnceSchedule):
+        return None
+    after = max(occurrence, now)
+    if isinstance(schedule, CronSchedule):
+        return next_cron_fire(schedule, after)
+    return next_interval_fire(schedule, anchor, after)
+
+
+def _require_aware(value: dt.datetime) -> None:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("naive datetime; pass an aware datetime")
+
+
+def resolve_schedule(
+    *,
+    run_at: dt.datetime | None,
+    delay_s: float | None,
+    cron: str | None,
+    timezone: str | None,
+    every_s: int | None,
+    now: dt.datetime,
+) -> tuple[Schedule, dt.datetime]:
+    """Turns the API's schedule fields into a Schedule and its first fire time.
+
+    Exactly one of run_at, delay_s, cron and every_s must be given; `timezone` only with cron.
+    """
+    given = [
+        name
+        for name, value in (("run_at", run_at), ("delay_s", delay_s), ("cron", cron), ("every_s", every_s))
+        if value is not None
+    ]
+    if len(given) != 1:
+        field = given[1] if len(given) > 1 else "run_at"
+        if given:
+            message = f"give exactly one schedule; got {', '.join(given)}"
+        else:
+            message = "a schedule is required: one of run_at, delay_s, cron, every_s"
+        raise ScheduleError(field, message)
+    if timezone is not None and cron is None:
+        raise ScheduleError("timezone", "timezone applies only to a cron schedule")
+
+    schedule: Schedule
+    if run_at is not None:
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise ScheduleError("run_at", "must include a UTC offset (RFC 3339)")
+        schedule = OnceSchedule(run_at.astimezone(UTC))
+    elif delay_s is not None:
+        if delay_s <= 0:
+            raise ScheduleError("delay_s", "must be greater than 0")
+        schedule = OnceSchedule(now + dt.timedelta(seconds=delay_s))
+    elif cron is not None:
+        zone_name = timezone or "UTC"
+        load_timezone(zone_name)
+        validate_cron(cron, zone_name, now)
+        schedule = CronSchedule(cron, zone_name)
+    else:
+        assert every_s is not None
+        if every_s <= 0:
+            raise ScheduleError("every_s", "must be greater than 0")
+        schedule = IntervalSchedule(every_s)
+    return schedule, first_fire(schedule, now)

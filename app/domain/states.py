@@ -1,0 +1,57 @@
+"""The job state machine: one enum and the table of allowed transitions.
+
+Every UPDATE that changes a job's state names the state it expects in its WHERE clause
+(see app/store/jobs.py); this table is the reference those statements follow and the
+tests check against.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class JobState(enum.StrEnum):
+    # Waiting for its fire time. The scheduler claims it (-> running); cancel ends it.
+    SCHEDULED = "scheduled"
+    # Leased by one scheduler with a delivery in flight. The scheduler that holds the lease
+    # records the outcome; the reaper rescues it when the lease expires.
+    RUNNING = "running"
+    # The last attempt failed; waiting for its backoff. The scheduler claims it again.
+    RETRYING = "retrying"
+    # Terminal: a one-off job was delivered (2xx).
+    SUCCEEDED = "succeeded"
+    # Terminal: a one-off job exhausted its attempts; a dead letter keeps the last outcome.
+    DEAD = "dead"
+    # Terminal: cancelled by the user.
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATES: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED})
+
+# Jobs in these states are waiting for `run_at` and may be claimed once it has passed.
+CLAIMABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING)
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.SCHEDULED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset(
+        {
+            JobState.SUCCEEDED,  # one-off delivered
+            JobState.SCHEDULED,  # recurring: next occurrence
+            JobState.RETRYING,  # failed attempt, or lease expired, with attempts left
+            JobState.DEAD,  # one-off out of attempts
+            JobState.CANCELLED,
+        }
+    ),
+    JobState.RETRYING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.DEAD: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+# States a user may cancel from. A running job may be cancelled: its in-flight POST can
+# still land, but its outcome is then fenced off and the job stays cancelled.
+CANCELLABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING, JobState.RUNNING)
+
+
+def can_transition(current: JobState, new: JobState) -> bool:
+    return new in TRANSITIONS[current]

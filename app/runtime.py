@@ -1,0 +1,76 @@
+"""One process's database runtime: the embedded server (when no URL is set), the engine,
+migrations and the bootstrap API key. Used by every CLI role and by the API's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.embedded import EmbeddedPostgres
+from app.db.engine import create_engine
+from app.db.migrate import migrate_to_head
+from app.logs import log_event
+from app.services.loop import TRANSIENT_DB_ERRORS
+from app.settings import Settings
+from app.store.tenants import api_key_ensure, tenant_ensure
+
+logger = logging.getLogger(__name__)
+
+BOOTSTRAP_TENANT = "default"
+# How long start-up waits for an external database that is not accepting connections yet
+# (docker-compose starts both at once).
+CONNECT_WAIT_S = 60.0
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._embedded: EmbeddedPostgres | None = None
+        self._engine: AsyncEngine | None = None
+
+    @property
+    def engine(self) -> AsyncEngine:
+        assert self._engine is not None, "Runtime.start() not called"
+        return self._engine
+
+    async def start(self, migrate: bool | None = None) -> AsyncEngine:
+        if self.settings.database_url is not None:
+            url = self.settings.database_url.get_secret_value()
+        else:
+            self._embedded = EmbeddedPostgres(self.settings.data_dir)
+            url = await asyncio.to_thread(self._embedded.start)
+        self._engine = create_engine(url, self.settings.db_pool_size)
+        await self._wait_for_database()
+        if self.settings.auto_migrate if migrate is None else migrate:
+            await migrate_to_head(self._engine)
+        if self.settings.bootstrap_api_key is not None:
+            async with self._engine.begin() as conn:
+                tenant_id = await tenant_ensure(conn, BOOTSTRAP_TENANT)
+                await api_key_ensure(conn, tenant_id, self.settings.bootstrap_api_key.get_secret_value())
+        return self._engine
+
+    async def stop(self) -> None:
+        # Dispose the engine before detaching, so the server can stop without live sessions.
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
+            self._embedded = None
+
+    async def _wait_for_database(self) -> None:
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        delay = 0.25
+        while True:
+            try:
+                async with self.engine.connect():
+                    return
+            except TRANSIENT_DB_ERRORS as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log_event(logger, "database_wait", logging.WARNING, error=type(exc).__name__, retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)

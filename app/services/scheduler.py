@@ -1,0 +1,220 @@
+"""The scheduler: claims due jobs under a lease, delivers them, records each outcome.
+
+Until partition ownership lands, every scheduler claims from all partitions; SKIP LOCKED
+keeps concurrent replicas from claiming the same job, and the lease token fences a replica
+whose lease was rescued by the reaper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.lifecycle import after_attempt
+from app.logs import log_event
+from app.services.dispatcher import Dispatcher
+from app.services.loop import TRANSIENT_DB_ERRORS
+from app.settings import Settings
+from app.store.jobs import ClaimedJob, job_claim_due, job_finish_attempt
+from app.store.runs import AttemptOutcome
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    replica_id: str
+    batch_size: int = 100
+    concurrency: int = 200
+    poll_interval_s: float = 0.2
+    lease_s: float = 60.0
+    max_target_timeout_s: float = 30.0
+    lease_margin_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.lease_s <= self.max_target_timeout_s + self.lease_margin_s:
+            raise ValueError("lease_s must exceed max_target_timeout_s + lease_margin_s")
+        if self.batch_size < 1 or self.concurrency < 1 or self.poll_interval_s <= 0:
+            raise ValueError("batch_size, concurrency and poll_interval_s must be positive")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SchedulerConfig:
+        return cls(
+            replica_id=settings.replica_id,
+            batch_size=settings.batch_size,
+            concurrency=settings.concurrency,
+            poll_interval_s=settings.poll_interval_s,
+            lease_s=settings.lease_s,
+            max_target_timeout_s=settings.max_target_timeout_s,
+            lease_margin_s=settings.lease_margin_s,
+        )
+
+
+class Scheduler:
+    name = "scheduler"
+
+    def __init__(self, engine: AsyncEngine, config: SchedulerConfig, rng: random.Random | None = None) -> None:
+        self._engine = engine
+        self.config = config
+        self._rng = rng or random.Random()
+        self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._capacity_freed = asyncio.Event()
+        self._started = False
+
+    async def start(self) -> None:
+        if not self._started:
+            await self._dispatcher.start()
+            self._started = True
+
+    async def close(self, grace_s: float | None = None) -> None:
+        """Waits for deliveries in flight (up to `grace_s`), then cancels the rest.
+
+        A cancelled delivery's lease expires and the reaper retries it: nothing is lost.
+        """
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        await self._dispatcher.close()
+        self._started = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def run_once(self, wait: bool = True) -> dict[str, int]:
+        """Claims one batch and starts its deliveries; with `wait`, returns when all are recorded."""
+        await self.start()
+        capacity = self.config.concurrency - len(self._tasks)
+        if capacity <= 0:
+            return {"claimed": 0, "in_flight": len(self._tasks)}
+        async with self._engine.begin() as conn:
+            claimed = await job_claim_due(
+                conn, self.config.replica_id, min(self.config.batch_size, capacity), self.config.lease_s
+            )
+        claimed_mono = time.monotonic()
+        batch: list[asyncio.Task[None]] = []
+        for job in claimed:
+            task = asyncio.create_task(self._deliver(job, claimed_mono))
+            self._tasks.add(task)
+            task.add_done_callback(self._on_task_done)
+            batch.append(task)
+        if wait and batch:
+            await asyncio.gather(*batch)
+        return {"claimed": len(claimed), "in_flight": len(self._tasks)}
+
+    def idle_wait_s(self, counts: dict[str, int]) -> float:
+        # A full batch suggests more work is due right now.
+        if counts["claimed"] >= self.config.batch_size:
+            return 0.0
+        return self.config.poll_interval_s
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        await self.start()
+        error_backoff = 0.5
+        while not stop.is_set():
+            if len(self._tasks) >= self.config.concurrency:
+                self._capacity_freed.clear()
+                await _wait_any(stop, self._capacity_freed, self.config.poll_interval_s)
+                continue
+            try:
+                counts = await self.run_once(wait=False)
+                error_backoff = 0.5
+                wait = self.idle_wait_s(counts)
+            except TRANSIENT_DB_ERRORS as exc:
+                log_event(logger, "scheduler_db_unavailable", logging.WARNING, error=type(exc).__name__)
+                wait = error_backoff
+                error_backoff = min(error_backoff * 2, 10.0)
+            if wait > 0:
+                await _wait_any(stop, None, wait * random.uniform(0.8, 1.2))
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._capacity_freed.set()
+        if not task.cancelled() and task.exception() is not None:
+            log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))
+
+    async def _deliver(self, job: ClaimedJob, claimed_mono: float) -> None:
+        # The signed timestamp is on the database clock: claim time plus local elapsed time.
+        started_wall = job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
+        result = await self._dispatcher.deliver(job, started_wall)
+        step = after_attempt(
+            job.attempt_context(),
+            result.succeeded,
+            job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono),
+            self._rng,
+        )
+        deadline = claimed_mono + self.config.lease_s
+        backoff = 0.2
+        while True:
+            try:
+                async with self._engine.begin() as conn:
+                    applied = await job_finish_attempt(conn, job, result, step)
+                break
+            except TRANSIENT_DB_ERRORS as exc:
+                # The POST happened; keep trying to record it until the lease would have
+                # expired anyway (then the reaper retries the job: a possible duplicate).
+                if time.monotonic() + backoff > deadline:
+                    log_event(
+                        logger,
+                        "outcome_not_recorded",
+                        logging.ERROR,
+                        job_id=str(job.id),
+                        error=type(exc).__name__,
+                    )
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        if not applied:
+            log_event(
+                logger,
+                "lease_fenced",
+                logging.WARNING,
+                job_id=str(job.id),
+                attempt=job.attempt,
+                outcome=result.outcome,
+            )
+            return
+        _log_outcome(job, result, step.state.value, step.dead_letter)
+
+
+def _log_outcome(job: ClaimedJob, result: AttemptOutcome, new_state: str, dead_letter: bool) -> None:
+    if result.succeeded:
+        log_event(
+            logger,
+            "job_delivered",
+            logging.DEBUG,
+            job_id=str(job.id),
+            attempt=job.attempt,
+            status=result.status_code,
+        )
+        return
+    log_event(
+        logger,
+        "job_dead_lettered" if dead_letter else "job_attempt_failed",
+        logging.WARNING if dead_letter else logging.INFO,
+        job_id=str(job.id),
+        attempt=job.attempt,
+        outcome=result.outcome,
+        status=result.status_code,
+        state=new_state,
+    )
+
+
+async def _wait_any(stop: asyncio.Event, other: asyncio.Event | None, wait_s: float) -> None:
+    waiters = [asyncio.create_task(stop.wait())]
+    if other is not None:
+        waiters.append(asyncio.create_task(other.wait()))
+    await asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)

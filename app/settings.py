@@ -1,0 +1,71 @@
+"""Service settings, read once from `CRONHOOK_*` environment variables and handed down."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# The largest per-target HTTP deadline any deployment may configure.
+TARGET_TIMEOUT_CEILING_S = 300.0
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRONHOOK_", extra="ignore")
+
+    # Storage. With no URL, an embedded PostgreSQL runs in `data_dir`/pg.
+    database_url: SecretStr | None = None
+    data_dir: Path = Path(".cronhook")
+    db_pool_size: int = Field(default=10, ge=1, le=200)
+    auto_migrate: bool = True
+
+    # HTTP API.
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    bootstrap_api_key: SecretStr | None = None
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
+
+    # Scheduler.
+    replica_id: str = Field(default_factory=default_replica_id)
+    batch_size: int = Field(default=100, ge=1, le=10_000)
+    concurrency: int = Field(default=200, ge=1, le=10_000)
+    poll_interval_s: float = Field(default=0.2, gt=0, le=60)
+    lease_s: float = Field(default=60.0, gt=0)
+    # Targets may not ask for a longer HTTP deadline than this; the job lease must outlast it
+    # by `lease_margin_s`, the time allowed to record an outcome after the POST returns.
+    max_target_timeout_s: float = Field(default=30.0, gt=0, le=TARGET_TIMEOUT_CEILING_S)
+    lease_margin_s: float = Field(default=5.0, ge=0.5)
+
+    # Reaper.
+    reaper_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    reaper_batch_size: int = Field(default=500, ge=1, le=100_000)
+
+    # Defaults for jobs that do not set their own retry policy.
+    default_max_attempts: int = Field(default=5, ge=1, le=100)
+    default_backoff_base_s: float = Field(default=2.0, gt=0)
+    default_backoff_max_s: float = Field(default=600.0, gt=0)
+    default_target_timeout_s: float = Field(default=10.0, gt=0, le=TARGET_TIMEOUT_CEILING_S)
+
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _lease_outlasts_http_deadline(self) -> Settings:
+        minimum = self.max_target_timeout_s + self.lease_margin_s
+        if self.lease_s <= minimum:
+            raise ValueError(
+                f"CRONHOOK_LEASE_S={self.lease_s:g} must be greater than CRONHOOK_MAX_TARGET_TIMEOUT_S "
+                f"({self.max_target_timeout_s:g}) plus CRONHOOK_LEASE_MARGIN_S ({self.lease_margin_s:g}), "
+                "so that a delivery in flight never outlives its lease"
+            )
+        if self.default_target_timeout_s > self.max_target_timeout_s:
+            raise ValueError("CRONHOOK_DEFAULT_TARGET_TIMEOUT_S must be <= CRONHOOK_MAX_TARGET_TIMEOUT_S")
+        if self.default_backoff_max_s < self.default_backoff_base_s:
+            raise ValueError("CRONHOOK_DEFAULT_BACKOFF_MAX_S must be >= CRONHOOK_DEFAULT_BACKOFF_BASE_S")
+        return self

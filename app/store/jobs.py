@@ -1,0 +1,328 @@
+"""Jobs: creation and reads for the API; claim, finish and reap for the background services.
+
+Every statement that changes a job's state names the state it expects (and, for a running
+job, its lease token). A statement that matches no row lost a race: the caller logs it and
+moves on, never retries it blindly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.domain.lifecycle import AttemptContext, NextStep
+from app.domain.partition import partition_for
+from app.domain.retry import RetryPolicy
+from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule
+from app.domain.states import CANCELLABLE_STATES, CLAIMABLE_STATES, JobState
+from app.store.dead_letters import dead_letter_insert
+from app.store.runs import AttemptOutcome, run_insert
+from app.store.tables import jobs, targets
+
+_CLAIMABLE = [s.value for s in CLAIMABLE_STATES]
+
+
+@dataclass(frozen=True)
+class NewJob:
+    tenant_id: uuid.UUID
+    target_id: uuid.UUID
+    name: str | None
+    payload: Any
+    priority: int
+    schedule: Schedule
+    first_fire_at: dt.datetime
+    policy: RetryPolicy
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job leased to one scheduler, with what it needs to deliver it."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    target_id: uuid.UUID
+    payload: Any
+    schedule: Schedule
+    schedule_anchor_at: dt.datetime
+    scheduled_for: dt.datetime
+    occurrence_id: uuid.UUID
+    attempt: int
+    policy: RetryPolicy
+    lease_token: uuid.UUID
+    lease_owner: str
+    claimed_at: dt.datetime  # the database's now() at claim time
+    url: str
+    headers: dict[str, str]
+    timeout_s: float
+    signing_secret: str
+
+    def attempt_context(self) -> AttemptContext:
+        return AttemptContext(self.schedule, self.scheduled_for, self.schedule_anchor_at, self.attempt, self.policy)
+
+
+def schedule_columns(schedule: Schedule) -> dict[str, Any]:
+    if isinstance(schedule, OnceSchedule):
+        return {"schedule_kind": "once", "cron": None, "every_s": None, "timezone": "UTC"}
+    if isinstance(schedule, CronSchedule):
+        return {
+            "schedule_kind": "cron",
+            "cron": schedule.expression,
+            "every_s": None,
+            "timezone": schedule.timezone,
+        }
+    return {"schedule_kind": "interval", "cron": None, "every_s": schedule.every_s, "timezone": "UTC"}
+
+
+def schedule_from_row(row: RowMapping) -> Schedule:
+    kind = row["schedule_kind"]
+    if kind == "cron":
+        return CronSchedule(row["cron"], row["timezone"])
+    if kind == "interval":
+        return IntervalSchedule(row["every_s"])
+    return OnceSchedule(row["scheduled_for"])
+
+
+async def db_now(conn: AsyncConnection) -> dt.datetime:
+    value: dt.datetime | None = await conn.scalar(select(func.now()))
+    assert value is not None
+    return value
+
+
+async def job_create(conn: AsyncConnection, new: NewJob) -> RowMapping:
+    job_id = uuid.uuid4()
+    stmt = (
+        jobs.insert()
+        .values(
+            id=job_id,
+            partition=partition_for(job_id),
+            tenant_id=new.tenant_id,
+            target_id=new.target_id,
+            name=new.name,
+            payload=new.payload,
+            priority=new.priority,
+            state=JobState.SCHEDULED,
+            **schedule_columns(new.schedule),
+            schedule_anchor_at=new.first_fire_at,
+            scheduled_for=new.first_fire_at,
+            occurrence_id=uuid.uuid4(),
+            run_at=new.first_fire_at,
+            max_attempts=new.policy.max_attempts,
+            backoff_base_s=new.policy.backoff_base_s,
+            backoff_max_s=new.policy.backoff_max_s,
+        )
+        .returning(*jobs.c)
+    )
+    return (await conn.execute(stmt)).mappings().one()
+
+
+async def job_get(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:
+    stmt = select(jobs).where(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id)
+    return (await conn.execute(stmt)).mappings().one_or_none()
+
+
+async def job_list(
+    conn: AsyncConnection,
+    tenant_id: uuid.UUID,
+    limit: int,
+    after: tuple[dt.datetime, uuid.UUID] | None,
+    state: JobState | None = None,
+    target_id: uuid.UUID | None = None,
+) -> list[RowMapping]:
+    stmt = select(jobs).where(jobs.c.tenant_id == tenant_id)
+    if state is not None:
+        stmt = stmt.where(jobs.c.state == state)
+    if target_id is not None:
+        stmt = stmt.where(jobs.c.target_id == target_id)
+    if after is not None:
+        created, ident = after
+        stmt = stmt.where(or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < ident)))
+    stmt = stmt.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit)
+    return list((await conn.execute(stmt)).mappings().all())
+
+
+async def job_cancel(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:
+    """Cancels a non-terminal job; None when it is already terminal (or absent)."""
+    stmt = (
+        update(jobs)
+        .where(
+            jobs.c.id == job_id,
+            jobs.c.tenant_id == tenant_id,
+            jobs.c.state.in_([s.value for s in CANCELLABLE_STATES]),
+        )
+        .values(
+            state=JobState.CANCELLED,
+            run_at=None,
+            lease_owner=None,
+            lease_token=None,
+            lease_expires_at=None,
+            updated_at=func.now(),
+            finished_at=func.now(),
+        )
+        .returning(*jobs.c)
+    )
+    return (await conn.execute(stmt)).mappings().one_or_none()
+
+
+async def job_claim_due(conn: AsyncConnection, owner: str, limit: int, lease_s: float) -> list[ClaimedJob]:
+    """Leases up to `limit` due jobs to `owner`, oldest due first.
+
+    SKIP LOCKED lets concurrent schedulers claim disjoint batches without waiting.
+    """
+    due = (
+        select(jobs.c.id)
+        .where(jobs.c.state.in_(_CLAIMABLE), jobs.c.run_at <= func.now())
+        .order_by(jobs.c.run_at, jobs.c.priority.desc())
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=jobs)
+        .cte("due")
+    )
+    stmt = (
+        update(jobs)
+        .where(jobs.c.id == due.c.id, targets.c.id == jobs.c.target_id)
+        .values(
+            state=JobState.RUNNING,
+            attempt=jobs.c.attempt + 1,
+            lease_owner=owner,
+            lease_token=func.gen_random_uuid(),
+            lease_expires_at=func.now() + dt.timedelta(seconds=lease_s),
+            run_at=None,
+            updated_at=func.now(),
+        )
+        .returning(
+            *jobs.c,
+            targets.c.url,
+            targets.c.headers,
+            targets.c.timeout_s,
+            targets.c.signing_secret,
+            func.now().label("claimed_at"),
+        )
+    )
+    rows = (await conn.execute(stmt)).mappings().all()
+    return [_claimed_from_row(row) for row in rows]
+
+
+def _claimed_from_row(row: RowMapping) -> ClaimedJob:
+    return ClaimedJob(
+        id=row["id"],
+        tenant_id=row["tenant_id"],
+        target_id=row["target_id"],
+        payload=row["payload"],
+        schedule=schedule_from_row(row),
+        schedule_anchor_at=row["schedule_anchor_at"],
+        scheduled_for=row["scheduled_for"],
+        occurrence_id=row["occurrence_id"],
+        attempt=row["attempt"],
+        policy=RetryPolicy(row["max_attempts"], row["backoff_base_s"], row["backoff_max_s"]),
+        lease_token=row["lease_token"],
+        lease_owner=row["lease_owner"],
+        claimed_at=row["claimed_at"],
+        url=row["url"],
+        headers=dict(row["headers"] or {}),
+        timeout_s=row["timeout_s"],
+        signing_secret=row["signing_secret"],
+    )
+
+
+async def job_finish_attempt(conn: AsyncConnection, job: ClaimedJob, result: AttemptOutcome, step: NextStep) -> bool:
+    """Records an attempt's outcome and moves the job on, guarded by its lease token.
+
+    Returns False when the lease is no longer this attempt's (reaped, cancelled): the
+    outcome is then not applied and no run is written by this caller.
+    """
+    values: dict[str, Any] = {
+        "state": step.state,
+        "lease_owner": None,
+        "lease_token": None,
+        "lease_expires_at": None,
+        "last_status_code": result.status_code,
+        "last_error": result.error,
+        "updated_at": func.now(),
+    }
+    if step.state == JobState.RETRYING:
+        assert step.retry_delay_s is not None
+        values["run_at"] = func.now() + dt.timedelta(seconds=step.retry_delay_s)
+    elif step.state == JobState.SCHEDULED:
+        assert step.next_occurrence_at is not None
+        values.update(
+            run_at=step.next_occurrence_at,
+            scheduled_for=step.next_occurrence_at,
+            occurrence_id=uuid.uuid4(),
+            attempt=0,
+            occurrences_run=jobs.c.occurrences_run + 1,
+        )
+    else:
+        values.update(run_at=None, finished_at=func.now(), occurrences_run=jobs.c.occurrences_run + 1)
+
+    stmt = (
+        update(jobs)
+        .where(
+            jobs.c.id == job.id,
+            jobs.c.state == JobState.RUNNING,
+            jobs.c.lease_token == job.lease_token,
+        )
+        .values(**values)
+        .returning(jobs.c.id)
+    )
+    if (await conn.execute(stmt)).first() is None:
+        return False
+    await run_insert(
+        conn,
+        job_id=job.id,
+        tenant_id=job.tenant_id,
+        occurrence_id=job.occurrence_id,
+        scheduled_for=job.scheduled_for,
+        attempt=job.attempt,
+        replica_id=job.lease_owner,
+        result=result,
+    )
+    if step.dead_letter:
+        await dead_letter_insert(
+            conn,
+            tenant_id=job.tenant_id,
+            job_id=job.id,
+            target_id=job.target_id,
+            occurrence_id=job.occurrence_id,
+            scheduled_for=job.scheduled_for,
+            payload=job.payload,
+            attempts=job.attempt,
+            last_status_code=result.status_code,
+            last_error=result.error,
+        )
+    return True
+
+
+async def job_lock_expired_leases(conn: AsyncConnection, limit: int) -> list[ClaimedJob]:
+    """Running jobs whose lease has expired, row-locked for this transaction.
+
+    SKIP LOCKED: two reapers never hold the same job; the lease-token guard in
+    job_finish_attempt makes a late scheduler's completion a no-op.
+    """
+    stmt = (
+        select(
+            *jobs.c,
+            targets.c.url,
+            targets.c.headers,
+            targets.c.timeout_s,
+            targets.c.signing_secret,
+            func.now().label("claimed_at"),
+        )
+        .join(targets, targets.c.id == jobs.c.target_id)
+        .where(jobs.c.state == JobState.RUNNING, jobs.c.lease_expires_at < func.now())
+        .order_by(jobs.c.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=jobs)
+    )
+    rows = (await conn.execute(stmt)).mappings().all()
+    return [_claimed_from_row(row) for row in rows]
+
+
+async def job_oldest_due_at(conn: AsyncConnection) -> dt.datetime | None:
+    stmt = select(func.min(jobs.c.run_at)).where(jobs.c.state.in_(_CLAIMABLE))
+    value: dt.datetime | None = await conn.scalar(stmt)
+    return value

@@ -1,0 +1,68 @@
+"""Runs: one row per delivery attempt (or rescued lease) of a job."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.store.tables import jobs, runs
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    outcome: str  # success | http_error | timeout | connection_error | lease_expired
+    status_code: int | None = None
+    error: str | None = None
+    duration_ms: int | None = None
+    started_at: dt.datetime | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.outcome == "success"
+
+
+async def run_insert(
+    conn: AsyncConnection,
+    *,
+    job_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    occurrence_id: uuid.UUID,
+    scheduled_for: dt.datetime,
+    attempt: int,
+    replica_id: str | None,
+    result: AttemptOutcome,
+) -> None:
+    await conn.execute(
+        runs.insert().values(
+            job_id=job_id,
+            tenant_id=tenant_id,
+            occurrence_id=occurrence_id,
+            scheduled_for=scheduled_for,
+            attempt=attempt,
+            replica_id=replica_id,
+            started_at=result.started_at,
+            status_code=result.status_code,
+            duration_ms=result.duration_ms,
+            outcome=result.outcome,
+            error=result.error,
+        )
+    )
+
+
+async def run_list_for_job(
+    conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID, limit: int, after_id: int | None
+) -> list[RowMapping] | None:
+    """Oldest first. None when the job does not exist for this tenant."""
+    owner = await conn.scalar(select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id))
+    if owner is None:
+        return None
+    stmt = select(runs).where(runs.c.job_id == job_id)
+    if after_id is not None:
+        stmt = stmt.where(runs.c.id > after_id)
+    stmt = stmt.order_by(runs.c.id).limit(limit)
+    return list((await conn.execute(stmt)).mappings().all())

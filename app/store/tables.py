@@ -1,0 +1,202 @@
+"""The schema, defined once. Alembic migrations are checked against it by a test."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    Enum,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+from app.domain.partition import PARTITION_COUNT
+from app.domain.states import JobState
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+job_state = Enum(
+    JobState,
+    name="job_state",
+    values_callable=lambda states: [s.value for s in states],
+    validate_strings=True,
+)
+
+NOW = text("now()")
+
+
+def _ts(name: str, nullable: bool = True, default_now: bool = False) -> Column[object]:
+    return Column(name, DateTime(timezone=True), nullable=nullable, server_default=NOW if default_now else None)
+
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("name", Text, nullable=False, unique=True),
+    _ts("created_at", nullable=False, default_now=True),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
+    # SHA-256 of the key; the key itself is never stored.
+    Column("key_hash", Text, nullable=False, unique=True),
+    # The first characters, so an operator can tell keys apart without the secret.
+    Column("key_prefix", Text, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("revoked_at"),
+)
+
+targets = Table(
+    "targets",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("url", Text, nullable=False),
+    Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("timeout_s", Double, nullable=False),
+    # Needed in the clear to compute HMACs; only ever returned on create and rotate.
+    Column("signing_secret", Text, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+    _ts("deleted_at"),
+    CheckConstraint("timeout_s > 0", name="timeout_positive"),
+    Index("ix_targets_tenant_created", "tenant_id", "created_at", "id"),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
+    Column("target_id", UUID(as_uuid=True), ForeignKey("targets.id"), nullable=False),
+    # Stable hash of the id (app/domain/partition.py); the unit of scheduler ownership and a
+    # ready-made distribution key should the table ever be sharded.
+    Column("partition", SmallInteger, nullable=False),
+    Column("name", Text),
+    Column("payload", JSONB, nullable=False),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    Column("state", job_state, nullable=False),
+    # Schedule: exactly one kind, with its fields.
+    Column("schedule_kind", Text, nullable=False),
+    Column("cron", Text),
+    Column("timezone", Text, nullable=False, server_default=text("'UTC'")),
+    Column("every_s", Integer),
+    # Fixed-rate interval schedules count from here (the first fire time).
+    _ts("schedule_anchor_at", nullable=False),
+    # The current occurrence: its nominal fire time and an id stable across its retries
+    # (the webhook-id), replaced when the next occurrence starts.
+    _ts("scheduled_for", nullable=False),
+    Column("occurrence_id", UUID(as_uuid=True), nullable=False),
+    # When the job may next be claimed: the fire time, or the end of a retry backoff.
+    _ts("run_at"),
+    # Attempts made for the current occurrence.
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False),
+    Column("backoff_base_s", Double, nullable=False),
+    Column("backoff_max_s", Double, nullable=False),
+    # Lease of the scheduler delivering it (state running).
+    Column("lease_owner", Text),
+    Column("lease_token", UUID(as_uuid=True)),
+    _ts("lease_expires_at"),
+    Column("last_status_code", Integer),
+    Column("last_error", Text),
+    Column("occurrences_run", BigInteger, nullable=False, server_default=text("0")),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+    _ts("finished_at"),
+    CheckConstraint(f"partition >= 0 AND partition < {PARTITION_COUNT}", name="partition_range"),
+    CheckConstraint("schedule_kind IN ('once', 'cron', 'interval')", name="schedule_kind_valid"),
+    CheckConstraint(
+        "(schedule_kind = 'cron') = (cron IS NOT NULL) AND (schedule_kind = 'interval') = (every_s IS NOT NULL)",
+        name="schedule_fields_match_kind",
+    ),
+    CheckConstraint("every_s IS NULL OR every_s > 0", name="every_s_positive"),
+    CheckConstraint("priority BETWEEN 0 AND 9", name="priority_range"),
+    CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+    CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt_within_max"),
+    CheckConstraint(
+        "(state = 'running') = (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL AND lease_owner IS NOT NULL)",
+        name="running_iff_leased",
+    ),
+    CheckConstraint(
+        "(state IN ('scheduled', 'retrying')) = (run_at IS NOT NULL)",
+        name="waiting_iff_run_at",
+    ),
+    # The scheduler's claim: due jobs in run_at order.
+    Index(
+        "ix_jobs_due",
+        "run_at",
+        postgresql_where=text("state IN ('scheduled', 'retrying')"),
+    ),
+    # The reaper: running jobs by lease expiry.
+    Index("ix_jobs_lease_expires", "lease_expires_at", postgresql_where=text("state = 'running'")),
+    Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+    Index("ix_jobs_target", "target_id"),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("occurrence_id", UUID(as_uuid=True), nullable=False),
+    _ts("scheduled_for", nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("replica_id", Text),
+    _ts("started_at"),
+    _ts("finished_at", nullable=False, default_now=True),
+    Column("status_code", Integer),
+    Column("duration_ms", Integer),
+    Column("outcome", Text, nullable=False),
+    Column("error", Text),
+    CheckConstraint(
+        "outcome IN ('success', 'http_error', 'timeout', 'connection_error', 'lease_expired')",
+        name="outcome_valid",
+    ),
+    Index("ix_runs_job", "job_id", "id"),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("target_id", UUID(as_uuid=True), nullable=False),
+    Column("occurrence_id", UUID(as_uuid=True), nullable=False),
+    _ts("scheduled_for", nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("last_status_code", Integer),
+    Column("last_error", Text),
+    _ts("created_at", nullable=False, default_now=True),
+    # One dead letter per occurrence, even if two processes race to write it.
+    UniqueConstraint("occurrence_id"),
+    Index("ix_dead_letters_tenant_created", "tenant_id", "created_at", "id"),
+)

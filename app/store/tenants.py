@@ -1,0 +1,53 @@
+"""Tenants and their API keys (stored as SHA-256 hashes only)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.store.tables import api_keys, tenants
+
+API_KEY_PREFIX = "chk_"
+
+
+def hash_api_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_api_key() -> str:
+    return API_KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+async def tenant_ensure(conn: AsyncConnection, name: str) -> uuid.UUID:
+    stmt = insert(tenants).values(name=name).on_conflict_do_nothing(index_elements=["name"])
+    await conn.execute(stmt)
+    tenant_id: uuid.UUID | None = await conn.scalar(select(tenants.c.id).where(tenants.c.name == name))
+    assert tenant_id is not None
+    return tenant_id
+
+
+async def api_key_create(conn: AsyncConnection, tenant_id: uuid.UUID) -> str:
+    key = new_api_key()
+    await api_key_ensure(conn, tenant_id, key)
+    return key
+
+
+async def api_key_ensure(conn: AsyncConnection, tenant_id: uuid.UUID, key: str) -> None:
+    stmt = (
+        insert(api_keys)
+        .values(tenant_id=tenant_id, key_hash=hash_api_key(key), key_prefix=key[:8])
+        .on_conflict_do_nothing(index_elements=["key_hash"])
+    )
+    await conn.execute(stmt)
+
+
+async def api_key_authenticate(conn: AsyncConnection, key: str) -> uuid.UUID | None:
+    """The tenant owning this key, or None for an unknown or revoked key."""
+    stmt = select(api_keys.c.tenant_id).where(api_keys.c.key_hash == hash_api_key(key), api_keys.c.revoked_at.is_(None))
+    tenant_id: uuid.UUID | None = await conn.scalar(stmt)
+    return tenant_id
