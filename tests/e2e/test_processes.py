@@ -1,0 +1,214 @@
+"""Real `cronhook` processes, real signals, a real receiver."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.tables import jobs
+from tests.conftest import make_job, make_target
+from tests.receiver import Receiver, Reply, wait_for
+
+CRONHOOK = str(Path(sys.executable).parent / "cronhook")
+
+
+def base_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRONHOOK_")}
+    env.update(overrides)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Processes:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.running: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with (self.log_dir / f"{name}.log").open("wb") as log:
+            # The child keeps its own copy of the descriptor.
+            proc = subprocess.Popen([CRONHOOK, *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.running.append(proc)
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text()
+
+    def stop_all(self) -> None:
+        for proc in self.running:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.running:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    processes = Processes(tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+
+
+def short_lease_env(db_url: str) -> dict[str, str]:
+    return base_env(
+        CRONHOOK_DATABASE_URL=db_url,
+        CRONHOOK_LEASE_S="3",
+        CRONHOOK_MAX_TARGET_TIMEOUT_S="1.5",
+        CRONHOOK_LEASE_MARGIN_S="1",
+        CRONHOOK_DEFAULT_TARGET_TIMEOUT_S="1.5",
+        CRONHOOK_POLL_INTERVAL_S="0.1",
+        CRONHOOK_REAPER_INTERVAL_S="0.3",
+    )
+
+
+async def test_sigkill_mid_delivery_then_the_reaper_returns_the_job_and_it_is_delivered(
+    client: httpx.AsyncClient,
+    auth: dict[str, str],
+    receiver: Receiver,
+    engine: AsyncEngine,
+    db_url: str,
+    procs: Processes,
+) -> None:
+    # The first delivery hangs long enough to kill its scheduler mid-request.
+    receiver.script = [Reply(delay_s=1.4)]
+    target = await make_target(client, auth, receiver.url(), timeout_s=1.5)
+    job = await make_job(client, auth, target["id"], backoff_base_s=0.05, backoff_max_s=0.1)
+    env = short_lease_env(db_url)
+
+    victim = procs.start("scheduler-a", ["scheduler"], {**env, "CRONHOOK_REPLICA_ID": "victim"})
+    await wait_for(lambda: len(receiver.requests) == 1, timeout=20, message="first delivery in flight")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=5)
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(jobs).where(jobs.c.id == job["id"]))).mappings().one()
+    assert row["state"].value == "running" and row["lease_owner"] == "victim"
+
+    procs.start("reaper", ["reaper"], env)
+    procs.start("scheduler-b", ["scheduler"], {**env, "CRONHOOK_REPLICA_ID": "survivor"})
+
+    async def succeeded() -> bool:
+        return (await client.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"] == "succeeded"
+
+    await wait_for(succeeded, timeout=20, interval=0.1, message="redelivery after lease expiry")
+    first, second = receiver.requests[0], receiver.requests[-1]
+    assert second.headers["cronhook-attempt"] == "2"
+    assert second.headers["webhook-id"] == first.headers["webhook-id"]  # receivers can dedupe
+    # Not before the dead replica's lease ran out.
+    assert second.at - first.at >= 2.5
+    runs = (await client.get(f"/v1/jobs/{job['id']}/runs", headers=auth)).json()["items"]
+    assert [(r["outcome"], r["attempt"]) for r in runs] == [("lease_expired", 1), ("success", 2)]
+    assert len(receiver.requests) == 2
+
+
+async def test_cronhook_up_serves_the_api_and_delivers_then_stops_on_sigterm(
+    receiver: Receiver, db_url: str, procs: Processes
+) -> None:
+    port = free_port()
+    key = "chk_e2e_bootstrap_key_for_tests"
+    env = base_env(
+        CRONHOOK_DATABASE_URL=db_url,
+        CRONHOOK_BOOTSTRAP_API_KEY=key,
+        CRONHOOK_POLL_INTERVAL_S="0.1",
+    )
+    service = procs.start("up", ["up", "--port", str(port)], env)
+    base = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+
+        async def ready() -> bool:
+            try:
+                return (await http.get("/readyz")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await wait_for(ready, timeout=30, interval=0.1, message="readyz")
+        auth = {"Authorization": f"Bearer {key}"}
+        target = (await http.post("/v1/targets", json={"name": "r", "url": receiver.url()}, headers=auth)).json()
+        job = (await http.post("/v1/jobs", json={"target_id": target["id"], "delay_s": 0.5}, headers=auth)).json()
+        await wait_for(lambda: len(receiver.requests) == 1, timeout=15, message="delivery via cronhook up")
+
+        async def succeeded() -> bool:
+            return (await http.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"] == "succeeded"
+
+        await wait_for(succeeded, timeout=10, message="succeeded")
+    service.send_signal(signal.SIGTERM)
+    service.wait(timeout=15)
+    logs = procs.log("up")
+    assert key not in logs and target["secret"] not in logs
+
+
+async def test_cronhook_up_with_embedded_postgres_starts_and_stops_its_server(procs: Processes) -> None:
+    data_dir = Path(f"/tmp/chu{os.getpid()}")  # short: the socket path must stay small
+    port = free_port()
+    env = base_env(CRONHOOK_DATA_DIR=str(data_dir))
+    try:
+        service = procs.start("embedded", ["up", "--port", str(port)], env)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+
+            async def ready() -> bool:
+                try:
+                    return (await http.get("/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await wait_for(ready, timeout=60, interval=0.2, message="embedded readyz")
+        postmaster = data_dir / "pg" / "postmaster.pid"
+        assert postmaster.exists()
+        service.send_signal(signal.SIGTERM)
+        service.wait(timeout=30)
+        # The embedded server was stopped with the service, not left running.
+        await wait_for(lambda: not postmaster.exists(), timeout=15, message="embedded server stopped")
+    finally:
+        import shutil
+
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def test_api_key_create_prints_only_the_key_and_it_works(
+    client: httpx.AsyncClient, db_url: str, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [CRONHOOK, "api-key", "create", "--tenant", "acme"],
+        env=base_env(CRONHOOK_DATABASE_URL=db_url, CRONHOOK_LOG_LEVEL="INFO"),
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    lines = result.stdout.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("chk_")
+    key = lines[0]
+    assert key not in result.stderr.decode()
+    response = await client.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200
+
+
+def test_bad_settings_are_refused_with_a_clear_message() -> None:
+    result = subprocess.run(
+        [CRONHOOK, "scheduler"],
+        env=base_env(CRONHOOK_LEASE_S="5", CRONHOOK_MAX_TARGET_TIMEOUT_S="30"),
+        capture_output=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "CRONHOOK_LEASE_S" in result.stderr.decode()

@@ -1,0 +1,72 @@
+"""Factories that build rows through the store (no hand-written SQL in tests)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.retry import RetryPolicy
+from app.domain.schedule import IntervalSchedule, OnceSchedule, Schedule
+from app.store.jobs import NewJob, db_now, job_create
+from app.store.tables import jobs
+from app.store.targets import target_create
+from app.store.tenants import tenant_ensure
+
+
+async def make_tenant_and_target(engine: AsyncEngine, url: str, timeout_s: float = 2.0) -> tuple[uuid.UUID, uuid.UUID]:
+    async with engine.begin() as conn:
+        tenant_id = await tenant_ensure(conn, f"t-{uuid.uuid4().hex[:8]}")
+        row, _ = await target_create(conn, tenant_id, name="t", url=url, headers={}, timeout_s=timeout_s)
+    return tenant_id, row["id"]
+
+
+async def make_jobs(
+    engine: AsyncEngine,
+    tenant_id: uuid.UUID,
+    target_id: uuid.UUID,
+    count: int = 1,
+    *,
+    due_in_s: float = -1.0,
+    schedule: Schedule | None = None,
+    max_attempts: int = 3,
+    backoff_base_s: float = 0.01,
+    payload: Any = None,
+) -> list[uuid.UUID]:
+    ids = []
+    async with engine.begin() as conn:
+        now = await db_now(conn)
+        fire = now + dt.timedelta(seconds=due_in_s)
+        for i in range(count):
+            row = await job_create(
+                conn,
+                NewJob(
+                    tenant_id=tenant_id,
+                    target_id=target_id,
+                    name=None,
+                    payload={"n": i} if payload is None else payload,
+                    priority=0,
+                    schedule=schedule or OnceSchedule(fire),
+                    first_fire_at=fire,
+                    policy=RetryPolicy(max_attempts, backoff_base_s, backoff_base_s * 4),
+                ),
+            )
+            ids.append(row["id"])
+    return ids
+
+
+async def expire_leases(engine: AsyncEngine) -> None:
+    """Moves every lease into the past, as if its scheduler had died long ago."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.state == "running")
+            .values(lease_expires_at=jobs.c.lease_expires_at - dt.timedelta(hours=1))
+        )
+
+
+def every(seconds: int) -> IntervalSchedule:
+    return IntervalSchedule(seconds)

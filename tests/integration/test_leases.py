@@ -1,0 +1,99 @@
+"""Claiming, fencing and reaping against a real database, with concurrent actors."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.lifecycle import after_attempt
+from app.services.reaper import Reaper, ReaperConfig
+from app.store.jobs import job_claim_due, job_finish_attempt
+from app.store.runs import AttemptOutcome
+from app.store.tables import dead_letters, jobs, runs
+from tests.factories import expire_leases, make_jobs, make_tenant_and_target
+
+
+async def states(engine: AsyncEngine) -> Counter[str]:
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state))).all()
+    return Counter({state.value: n for state, n in rows})
+
+
+async def test_concurrent_claims_are_disjoint_and_skip_future_jobs(engine: AsyncEngine) -> None:
+    tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    due = await make_jobs(engine, tenant, target, 60)
+    await make_jobs(engine, tenant, target, 5, due_in_s=3600)
+
+    async def claim(owner: str) -> list[str]:
+        async with engine.begin() as conn:
+            return [str(j.id) for j in await job_claim_due(conn, owner, 25, 30)]
+
+    batches = await asyncio.gather(*(claim(f"replica-{i}") for i in range(4)))
+    claimed = [job_id for batch in batches for job_id in batch]
+    assert len(claimed) == len(set(claimed)) == 60
+    assert set(claimed) == {str(i) for i in due}
+    assert (await states(engine)) == Counter({"running": 60, "scheduled": 5})
+
+
+async def test_a_stale_lease_cannot_record_an_outcome(engine: AsyncEngine) -> None:
+    tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    await make_jobs(engine, tenant, target, 1, max_attempts=3)
+    async with engine.begin() as conn:
+        (first,) = await job_claim_due(conn, "slow-replica", 10, 30)
+    # The slow replica's lease expires; the reaper hands the job back and another claims it.
+    await expire_leases(engine)
+    assert await Reaper(engine, ReaperConfig()).run_once() == {"rescued": 1, "dead_lettered": 0}
+    async with engine.begin() as conn:
+        await conn.execute(jobs.update().values(run_at=func.now()).where(jobs.c.state == "retrying"))
+        (second,) = await job_claim_due(conn, "fast-replica", 10, 30)
+    assert second.attempt == 2 and second.lease_token != first.lease_token
+
+    success = AttemptOutcome("success", 200)
+    step = after_attempt(first.attempt_context(), True, first.claimed_at, random.Random(1))
+    async with engine.begin() as conn:
+        assert await job_finish_attempt(conn, first, success, step) is False  # fenced
+    async with engine.begin() as conn:
+        assert await job_finish_attempt(conn, second, success, step) is True
+    assert (await states(engine)) == Counter({"succeeded": 1})
+    async with engine.connect() as conn:
+        outcomes = (await conn.execute(select(runs.c.attempt, runs.c.outcome).order_by(runs.c.id))).all()
+    assert [tuple(r) for r in outcomes] == [(1, "lease_expired"), (2, "success")]
+
+
+async def test_two_reapers_handle_each_expired_lease_exactly_once(engine: AsyncEngine) -> None:
+    tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    retryable = await make_jobs(engine, tenant, target, 150, max_attempts=3)
+    exhausted = await make_jobs(engine, tenant, target, 50, max_attempts=1)
+    async with engine.begin() as conn:
+        assert len(await job_claim_due(conn, "doomed", 500, 30)) == 200
+    await expire_leases(engine)
+
+    reapers = [Reaper(engine, ReaperConfig(batch_size=40)) for _ in range(2)]
+    totals: Counter[str] = Counter()
+    while True:
+        results = await asyncio.gather(*(r.run_once() for r in reapers))
+        for result in results:
+            totals.update(result)
+        if all(sum(r.values()) == 0 for r in results):
+            break
+    assert totals == Counter({"rescued": 150, "dead_lettered": 50})
+    assert (await states(engine)) == Counter({"retrying": 150, "dead": 50})
+    async with engine.connect() as conn:
+        per_job = Counter((await conn.execute(select(runs.c.job_id))).scalars().all())
+        letters = (await conn.execute(select(dead_letters.c.job_id))).scalars().all()
+    assert set(per_job.values()) == {1} and len(per_job) == 200
+    assert sorted(letters) == sorted(exhausted)
+    assert not set(letters) & set(retryable)
+
+
+async def test_reaper_leaves_live_leases_alone(engine: AsyncEngine) -> None:
+    tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    await make_jobs(engine, tenant, target, 3)
+    async with engine.begin() as conn:
+        await job_claim_due(conn, "alive", 10, 30)
+    assert await Reaper(engine, ReaperConfig()).run_once() == {"rescued": 0, "dead_lettered": 0}
+    assert (await states(engine)) == Counter({"running": 3})

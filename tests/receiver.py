@@ -1,0 +1,77 @@
+"""A real HTTP receiver on 127.0.0.1 that logs every request and answers as scripted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]  # names lowercased
+    body: bytes
+    at: float  # time.time() on arrival
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    delay_s: float = 0.0
+    body: bytes = b"ok"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        # Replies used in order, one per request; then `default`.
+        self.script: list[Reply] = []
+        self.default = Reply()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        self.requests.append(Received(request.path, headers, body, time.time()))
+        reply = self.script.pop(0) if self.script else self.default
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
+        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+
+    def webhook_ids(self) -> list[str]:
+        return [r.headers["webhook-id"] for r in self.requests if "webhook-id" in r.headers]
+
+
+async def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.05, message: str = "") -> None:
+    """Polls `predicate` (sync or async callable) until it is truthy, or fails at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()  # type: ignore[operator]
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
+        await asyncio.sleep(interval)

@@ -1,0 +1,75 @@
+"""Retry backoff and the after-attempt decision, as pure functions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+import pytest
+
+from app.domain.lifecycle import AttemptContext, after_attempt
+from app.domain.retry import RetryPolicy, attempts_exhausted, backoff_ceiling, backoff_delay
+from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule
+from app.domain.states import JobState
+
+POLICY = RetryPolicy(max_attempts=4, backoff_base_s=2.0, backoff_max_s=10.0)
+NOW = dt.datetime(2026, 3, 1, 12, 0, 30, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(("attempt", "ceiling"), [(1, 2.0), (2, 4.0), (3, 8.0), (4, 10.0), (50, 10.0), (10_000, 10.0)])
+def test_backoff_ceiling_doubles_and_caps(attempt: int, ceiling: float) -> None:
+    assert backoff_ceiling(POLICY, attempt) == ceiling
+
+
+def test_full_jitter_stays_within_zero_and_the_ceiling_and_spreads() -> None:
+    rng = random.Random(7)
+    delays = [backoff_delay(POLICY, 3, rng) for _ in range(2000)]
+    assert all(0.0 <= d <= 8.0 for d in delays)
+    # Full jitter: spread over the whole range, not clustered at the ceiling.
+    assert min(delays) < 1.0 and max(delays) > 7.0
+
+
+def test_attempts_exhausted_at_max() -> None:
+    assert not attempts_exhausted(POLICY, 3)
+    assert attempts_exhausted(POLICY, 4)
+
+
+def ctx(schedule: object, attempt: int) -> AttemptContext:
+    occurrence = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+    return AttemptContext(schedule, occurrence, occurrence, attempt, POLICY)  # type: ignore[arg-type]
+
+
+ONCE = OnceSchedule(dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC))
+CRON = CronSchedule("*/5 * * * *", "UTC")
+EVERY = IntervalSchedule(60)
+
+
+def test_one_off_success_ends_succeeded() -> None:
+    step = after_attempt(ctx(ONCE, 1), True, NOW, random.Random(1))
+    assert step.state == JobState.SUCCEEDED and not step.dead_letter
+
+
+def test_failure_with_attempts_left_retries_with_backoff() -> None:
+    step = after_attempt(ctx(ONCE, 2), False, NOW, random.Random(1))
+    assert step.state == JobState.RETRYING
+    assert step.retry_delay_s is not None and 0 <= step.retry_delay_s <= 4.0
+    assert not step.dead_letter
+
+
+def test_one_off_out_of_attempts_is_dead_lettered() -> None:
+    step = after_attempt(ctx(ONCE, 4), False, NOW, random.Random(1))
+    assert step.state == JobState.DEAD and step.dead_letter
+
+
+def test_recurring_success_schedules_the_next_occurrence() -> None:
+    step = after_attempt(ctx(CRON, 1), True, NOW, random.Random(1))
+    assert step.state == JobState.SCHEDULED
+    assert step.next_occurrence_at == dt.datetime(2026, 3, 1, 12, 5, tzinfo=dt.UTC)
+    step = after_attempt(ctx(EVERY, 1), True, NOW, random.Random(1))
+    assert step.next_occurrence_at == dt.datetime(2026, 3, 1, 12, 1, tzinfo=dt.UTC)
+
+
+def test_recurring_out_of_attempts_dead_letters_the_occurrence_and_keeps_its_schedule() -> None:
+    step = after_attempt(ctx(CRON, 4), False, NOW, random.Random(1))
+    assert step.state == JobState.SCHEDULED and step.dead_letter
+    assert step.next_occurrence_at == dt.datetime(2026, 3, 1, 12, 5, tzinfo=dt.UTC)

@@ -1,0 +1,65 @@
+"""Signing, partitions, the state table and settings validation."""
+
+from __future__ import annotations
+
+import base64
+import collections
+import time
+import uuid
+
+import pytest
+from pydantic import ValidationError
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from app.domain.partition import PARTITION_COUNT, partition_for
+from app.domain.signing import SECRET_PREFIX, new_signing_secret, sign
+from app.domain.states import TERMINAL_STATES, TRANSITIONS, JobState, can_transition
+from app.settings import Settings
+
+
+def test_signature_verifies_with_the_reference_library_and_fails_when_tampered() -> None:
+    secret = new_signing_secret()
+    body = b'{"a":1}'
+    timestamp = int(time.time())
+    headers = {
+        "webhook-id": "msg_1",
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(secret, "msg_1", timestamp, body),
+    }
+    assert Webhook(secret).verify(body, headers) == {"a": 1}
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(b'{"a":2}', headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new_signing_secret()).verify(body, headers)
+
+
+def test_secret_format_is_whsec_and_32_random_bytes() -> None:
+    secret = new_signing_secret()
+    assert secret.startswith(SECRET_PREFIX)
+    assert len(base64.b64decode(secret.removeprefix(SECRET_PREFIX))) == 32
+    assert secret != new_signing_secret()
+
+
+def test_partition_is_stable_in_range_and_spread() -> None:
+    job_id = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    assert partition_for(job_id) == partition_for(uuid.UUID(str(job_id)))
+    counts = collections.Counter(partition_for(uuid.uuid4()) for _ in range(PARTITION_COUNT * 50))
+    assert set(counts) <= set(range(PARTITION_COUNT))
+    assert len(counts) > PARTITION_COUNT * 0.95
+    assert max(counts.values()) < 50 * 3
+
+
+def test_terminal_states_have_no_way_out_and_others_can_be_cancelled() -> None:
+    for state in JobState:
+        if state in TERMINAL_STATES:
+            assert TRANSITIONS[state] == frozenset()
+        else:
+            assert can_transition(state, JobState.CANCELLED)
+    assert can_transition(JobState.RUNNING, JobState.SCHEDULED)
+    assert not can_transition(JobState.SCHEDULED, JobState.SUCCEEDED)
+
+
+def test_lease_shorter_than_http_deadline_is_refused_at_start() -> None:
+    with pytest.raises(ValidationError, match="CRONHOOK_LEASE_S"):
+        Settings(lease_s=20, max_target_timeout_s=30)
+    assert Settings(lease_s=40, max_target_timeout_s=30).lease_s == 40
