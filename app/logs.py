@@ -38,6 +38,8 @@ def configure_logging(level: str) -> None:
     root.setLevel(level.upper())
     # uvicorn's access log would print request lines in its own format; ours is enough.
     logging.getLogger("uvicorn.access").disabled = True
+    # Alembic logs its context set-up on every revision check (readyz); we log the migration.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -11,7 +13,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from alembic import command
+from app.logs import log_event
+
+logger = logging.getLogger(__name__)
 
 # Any fixed number: serialises concurrent `migrate` runs (several replicas starting at once).
 _MIGRATION_LOCK_ID = 0x63726F6E68  # "cronh"
@@ -39,8 +43,12 @@ async def migrate_to_head(engine: AsyncEngine) -> None:
     async with engine.connect() as connection:
         await connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
         try:
+            before = await connection.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
             await connection.run_sync(_upgrade)
             await connection.commit()
+            head = head_revision()
+            if before != head:
+                log_event(logger, "schema_migrated", from_revision=before, to_revision=head)
         finally:
             await connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID})
             await connection.commit()
