@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.domain.schedule import ScheduleError
 from app.logs import log_event
-from app.services.loop import TRANSIENT_DB_ERRORS
+from app.services.loop import is_transient_db_error
 from app.store.pagination import InvalidCursor
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, TRANSIENT_DB_ERRORS):
+        if is_transient_db_error(exc):
             log_event(logger, "request_db_unavailable", logging.WARNING, path=request.url.path)
             return problem_response(
                 request,

@@ -14,43 +14,59 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from app.logs import log_event
 
 # Errors that mean "the database is unreachable right now": back off and try again.
-TRANSIENT_DB_ERRORS = (OSError, OperationalError, InterfaceError, DBAPIError, ConnectionError)
+# Other DBAPIErrors (an IntegrityError, say) are bugs and must not be dressed up as outages.
+TRANSIENT_DB_ERRORS = (OSError, ConnectionError, OperationalError, InterfaceError)
+MIN_ERROR_BACKOFF_S = 0.5
 MAX_ERROR_BACKOFF_S = 10.0
+
+
+def is_transient_db_error(exc: BaseException) -> bool:
+    if isinstance(exc, TRANSIENT_DB_ERRORS):
+        return True
+    # A connection dropped mid-statement (server restart) surfaces as an invalidated DBAPIError.
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 class Service(Protocol):
     name: str
+    # Set to cut an idle wait short (the scheduler: a delivery slot came free).
+    wake: asyncio.Event
 
-    async def run_once(self) -> dict[str, int]: ...
+    async def tick(self) -> dict[str, int]:
+        """One pass as run_forever wants it (may leave work running in the background)."""
+        ...
 
     def idle_wait_s(self, counts: dict[str, int]) -> float: ...
 
 
 async def run_forever(service: Service, stop: asyncio.Event, logger: logging.Logger) -> None:
-    error_backoff = 0.5
+    error_backoff = MIN_ERROR_BACKOFF_S
     while not stop.is_set():
         try:
-            counts = await service.run_once()
-            error_backoff = 0.5
+            counts = await service.tick()
+            error_backoff = MIN_ERROR_BACKOFF_S
             wait = service.idle_wait_s(counts)
-        except TRANSIENT_DB_ERRORS as exc:
-            log_event(
-                logger,
-                f"{service.name}_db_unavailable",
-                logging.WARNING,
-                error=type(exc).__name__,
-                retry_in_s=error_backoff,
-            )
-            wait = error_backoff
-            error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
-        except Exception:
-            logger.exception(f"{service.name}_pass_failed")
+        except Exception as exc:
+            if is_transient_db_error(exc):
+                log_event(
+                    logger,
+                    f"{service.name}_db_unavailable",
+                    logging.WARNING,
+                    error=type(exc).__name__,
+                    retry_in_s=error_backoff,
+                )
+            else:
+                logger.exception(f"{service.name}_pass_failed")
             wait = error_backoff
             error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
         if wait > 0:
             # Jitter keeps replicas that started together from polling in lockstep.
-            wait *= random.uniform(0.8, 1.2)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=wait)
-            except TimeoutError:
-                pass
+            await _wait_for_stop_or_wake(stop, service.wake, wait * random.uniform(0.8, 1.2))
+
+
+async def _wait_for_stop_or_wake(stop: asyncio.Event, wake: asyncio.Event, wait_s: float) -> None:
+    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
+    await asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)

@@ -8,6 +8,7 @@ update a no-op if the original scheduler records its outcome first.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from dataclasses import dataclass
@@ -44,6 +45,10 @@ class Reaper:
         self._engine = engine
         self.config = config
         self._rng = rng or random.Random()
+        self.wake = asyncio.Event()
+
+    async def tick(self) -> dict[str, int]:
+        return await self.run_once()
 
     async def run_once(self) -> dict[str, int]:
         counts = {"rescued": 0, "dead_lettered": 0}

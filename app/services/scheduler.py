@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.lifecycle import after_attempt
 from app.logs import log_event
 from app.services.dispatcher import Dispatcher
-from app.services.loop import TRANSIENT_DB_ERRORS
+from app.services.loop import is_transient_db_error, run_forever
 from app.settings import Settings
 from app.store.jobs import ClaimedJob, job_claim_due, job_finish_attempt
 from app.store.runs import AttemptOutcome
@@ -43,6 +43,11 @@ class SchedulerConfig:
         if self.batch_size < 1 or self.concurrency < 1 or self.poll_interval_s <= 0:
             raise ValueError("batch_size, concurrency and poll_interval_s must be positive")
 
+    @property
+    def post_start_window_s(self) -> float:
+        """How long after the claim a POST may still start and finish within the lease."""
+        return self.lease_s - self.max_target_timeout_s - self.lease_margin_s
+
     @classmethod
     def from_settings(cls, settings: Settings) -> SchedulerConfig:
         return cls(
@@ -65,7 +70,7 @@ class Scheduler:
         self._rng = rng or random.Random()
         self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._capacity_freed = asyncio.Event()
+        self.wake = asyncio.Event()
         self._started = False
 
     async def start(self) -> None:
@@ -94,6 +99,7 @@ class Scheduler:
     async def run_once(self, wait: bool = True) -> dict[str, int]:
         """Claims one batch and starts its deliveries; with `wait`, returns when all are recorded."""
         await self.start()
+        self.wake.clear()
         capacity = self.config.concurrency - len(self._tasks)
         if capacity <= 0:
             return {"claimed": 0, "in_flight": len(self._tasks)}
@@ -116,43 +122,37 @@ class Scheduler:
         # A full batch suggests more work is due right now.
         if counts["claimed"] >= self.config.batch_size:
             return 0.0
+        # At capacity, `wake` ends the wait as soon as a delivery slot frees up.
         return self.config.poll_interval_s
 
+    async def tick(self) -> dict[str, int]:
+        return await self.run_once(wait=False)
+
     async def run_forever(self, stop: asyncio.Event) -> None:
-        await self.start()
-        error_backoff = 0.5
-        while not stop.is_set():
-            if len(self._tasks) >= self.config.concurrency:
-                self._capacity_freed.clear()
-                await _wait_any(stop, self._capacity_freed, self.config.poll_interval_s)
-                continue
-            try:
-                counts = await self.run_once(wait=False)
-                error_backoff = 0.5
-                wait = self.idle_wait_s(counts)
-            except TRANSIENT_DB_ERRORS as exc:
-                log_event(logger, "scheduler_db_unavailable", logging.WARNING, error=type(exc).__name__)
-                wait = error_backoff
-                error_backoff = min(error_backoff * 2, 10.0)
-            if wait > 0:
-                await _wait_any(stop, None, wait * random.uniform(0.8, 1.2))
+        await run_forever(self, stop, logger)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        at_capacity = len(self._tasks) >= self.config.concurrency
         self._tasks.discard(task)
-        self._capacity_freed.set()
+        if at_capacity:
+            self.wake.set()
         if not task.cancelled() and task.exception() is not None:
             log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))
 
     async def _deliver(self, job: ClaimedJob, claimed_mono: float) -> None:
+        # Trust the lease only while it can still outlive the POST: after a stall (event loop
+        # starved, process paused) the reaper may already have handed the job to someone else.
+        trusted_until = (
+            claimed_mono + self.config.lease_s - self.config.max_target_timeout_s - self.config.lease_margin_s
+        )
+        if time.monotonic() > trusted_until:
+            log_event(logger, "lease_untrusted_skip", logging.WARNING, job_id=str(job.id), attempt=job.attempt)
+            return
         # The signed timestamp is on the database clock: claim time plus local elapsed time.
         started_wall = job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
         result = await self._dispatcher.deliver(job, started_wall)
-        step = after_attempt(
-            job.attempt_context(),
-            result.succeeded,
-            job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono),
-            self._rng,
-        )
+        now = job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
+        step = after_attempt(job.attempt_context(), result.succeeded, now, self._rng)
         deadline = claimed_mono + self.config.lease_s
         backoff = 0.2
         while True:
@@ -160,16 +160,14 @@ class Scheduler:
                 async with self._engine.begin() as conn:
                     applied = await job_finish_attempt(conn, job, result, step)
                 break
-            except TRANSIENT_DB_ERRORS as exc:
+            except Exception as exc:
+                if not is_transient_db_error(exc):
+                    raise
                 # The POST happened; keep trying to record it until the lease would have
                 # expired anyway (then the reaper retries the job: a possible duplicate).
                 if time.monotonic() + backoff > deadline:
                     log_event(
-                        logger,
-                        "outcome_not_recorded",
-                        logging.ERROR,
-                        job_id=str(job.id),
-                        error=type(exc).__name__,
+                        logger, "outcome_not_recorded", logging.ERROR, job_id=str(job.id), error=type(exc).__name__
                     )
                     return
                 await asyncio.sleep(backoff)
@@ -208,13 +206,3 @@ def _log_outcome(job: ClaimedJob, result: AttemptOutcome, new_state: str, dead_l
         status=result.status_code,
         state=new_state,
     )
-
-
-async def _wait_any(stop: asyncio.Event, other: asyncio.Event | None, wait_s: float) -> None:
-    waiters = [asyncio.create_task(stop.wait())]
-    if other is not None:
-        waiters.append(asyncio.create_task(other.wait()))
-    await asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-    for task in waiters:
-        task.cancel()
-    await asyncio.gather(*waiters, return_exceptions=True)
