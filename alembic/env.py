@@ -4,9 +4,9 @@
 import asyncio
 import os
 
+from alembic import context
 from sqlalchemy.engine import Connection
 
-from alembic import context
 from app.db.engine import create_engine
 from app.store.tables import metadata
 
