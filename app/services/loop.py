@@ -10,12 +10,14 @@ import random
 from typing import Protocol
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from app.logs import log_event
 
 # Errors that mean "the database is unreachable right now": back off and try again.
 # Other DBAPIErrors (an IntegrityError, say) are bugs and must not be dressed up as outages.
-TRANSIENT_DB_ERRORS = (OSError, ConnectionError, OperationalError, InterfaceError)
+# A pool checkout timeout means every connection is busy: also worth waiting out.
+TRANSIENT_DB_ERRORS = (OSError, ConnectionError, OperationalError, InterfaceError, PoolTimeoutError)
 MIN_ERROR_BACKOFF_S = 0.5
 MAX_ERROR_BACKOFF_S = 10.0
 

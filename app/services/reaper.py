@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.lifecycle import after_attempt
 from app.logs import log_event
 from app.settings import Settings
-from app.store.jobs import job_finish_attempt, job_lock_expired_leases
+from app.store.jobs import FinishedAttempt, job_finish_attempts, job_lock_expired_leases
 from app.store.runs import AttemptOutcome
 
 logger = logging.getLogger(__name__)
@@ -54,27 +54,32 @@ class Reaper:
         counts = {"rescued": 0, "dead_lettered": 0}
         async with self._engine.begin() as conn:
             expired = await job_lock_expired_leases(conn, self.config.batch_size)
-            for job in expired:
-                step = after_attempt(job.attempt_context(), False, job.claimed_at, self._rng)
-                result = AttemptOutcome(
-                    "lease_expired",
-                    error=f"lease held by {job.lease_owner} expired before an outcome was recorded",
+            items = [
+                FinishedAttempt(
+                    job,
+                    AttemptOutcome(
+                        "lease_expired",
+                        error=f"lease held by {job.lease_owner} expired before an outcome was recorded",
+                    ),
+                    after_attempt(job.attempt_context(), False, job.claimed_at, self._rng),
                 )
-                if not await job_finish_attempt(conn, job, result, step):
-                    continue  # cannot happen while we hold the row lock; kept as a guard
-                if step.dead_letter:
-                    counts["dead_lettered"] += 1
-                else:
-                    counts["rescued"] += 1
-                log_event(
-                    logger,
-                    "lease_reaped",
-                    job_id=str(job.id),
-                    lease_owner=job.lease_owner,
-                    attempt=job.attempt,
-                    state=step.state.value,
-                    dead_letter=step.dead_letter,
-                )
+                for job in expired
+            ]
+            # We hold the rows' locks, so every one applies; the guard stays as a backstop.
+            applied = await job_finish_attempts(conn, items)
+        for item in items:
+            if item.job.id not in applied:
+                continue
+            counts["dead_lettered" if item.step.dead_letter else "rescued"] += 1
+            log_event(
+                logger,
+                "lease_reaped",
+                job_id=str(item.job.id),
+                lease_owner=item.job.lease_owner,
+                attempt=item.job.attempt,
+                state=item.step.state.value,
+                dead_letter=item.step.dead_letter,
+            )
         return counts
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:

@@ -19,9 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.lifecycle import after_attempt
 from app.logs import log_event
 from app.services.dispatcher import Dispatcher
-from app.services.loop import is_transient_db_error, run_forever
+from app.services.loop import run_forever
+from app.services.recorder import OutcomeRecorder
 from app.settings import Settings
-from app.store.jobs import ClaimedJob, job_claim_due, job_finish_attempt
+from app.store.jobs import ClaimedJob, FinishedAttempt, job_claim_due
 from app.store.runs import AttemptOutcome
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class Scheduler:
         self.config = config
         self._rng = rng or random.Random()
         self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s)
+        self._recorder = OutcomeRecorder(engine)
         self._tasks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self._started = False
@@ -102,11 +104,10 @@ class Scheduler:
         self.wake.clear()
         capacity = self.config.concurrency - len(self._tasks)
         if capacity <= 0:
-            return {"claimed": 0, "in_flight": len(self._tasks)}
+            return {"requested": 0, "claimed": 0, "in_flight": len(self._tasks)}
+        requested = min(self.config.batch_size, capacity)
         async with self._engine.begin() as conn:
-            claimed = await job_claim_due(
-                conn, self.config.replica_id, min(self.config.batch_size, capacity), self.config.lease_s
-            )
+            claimed = await job_claim_due(conn, self.config.replica_id, requested, self.config.lease_s)
         claimed_mono = time.monotonic()
         batch: list[asyncio.Task[None]] = []
         for job in claimed:
@@ -116,11 +117,11 @@ class Scheduler:
             batch.append(task)
         if wait and batch:
             await asyncio.gather(*batch)
-        return {"claimed": len(claimed), "in_flight": len(self._tasks)}
+        return {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:
-        # A full batch suggests more work is due right now.
-        if counts["claimed"] >= self.config.batch_size:
+        # Everything asked for was due: more probably is, so claim again at once.
+        if counts["requested"] and counts["claimed"] >= counts["requested"]:
             return 0.0
         # At capacity, `wake` ends the wait as soon as a delivery slot frees up.
         return self.config.poll_interval_s
@@ -153,25 +154,7 @@ class Scheduler:
         result = await self._dispatcher.deliver(job, started_wall)
         now = job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
         step = after_attempt(job.attempt_context(), result.succeeded, now, self._rng)
-        deadline = claimed_mono + self.config.lease_s
-        backoff = 0.2
-        while True:
-            try:
-                async with self._engine.begin() as conn:
-                    applied = await job_finish_attempt(conn, job, result, step)
-                break
-            except Exception as exc:
-                if not is_transient_db_error(exc):
-                    raise
-                # The POST happened; keep trying to record it until the lease would have
-                # expired anyway (then the reaper retries the job: a possible duplicate).
-                if time.monotonic() + backoff > deadline:
-                    log_event(
-                        logger, "outcome_not_recorded", logging.ERROR, job_id=str(job.id), error=type(exc).__name__
-                    )
-                    return
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+        applied = await self._recorder.record(FinishedAttempt(job, result, step), claimed_mono + self.config.lease_s)
         if not applied:
             log_event(
                 logger,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from typing import Any
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.dialects.postgresql import insert
@@ -13,35 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.store.tables import dead_letters
 
 
-async def dead_letter_insert(
-    conn: AsyncConnection,
-    *,
-    tenant_id: uuid.UUID,
-    job_id: uuid.UUID,
-    target_id: uuid.UUID,
-    occurrence_id: uuid.UUID,
-    scheduled_for: dt.datetime,
-    payload: object,
-    attempts: int,
-    last_status_code: int | None,
-    last_error: str | None,
-) -> None:
-    stmt = (
-        insert(dead_letters)
-        .values(
-            tenant_id=tenant_id,
-            job_id=job_id,
-            target_id=target_id,
-            occurrence_id=occurrence_id,
-            scheduled_for=scheduled_for,
-            payload=payload,
-            attempts=attempts,
-            last_status_code=last_status_code,
-            last_error=last_error,
-        )
-        .on_conflict_do_nothing(index_elements=["occurrence_id"])
-    )
-    await conn.execute(stmt)
+async def dead_letter_insert_many(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
+    # One dead letter per occurrence, even if two processes race to write it.
+    stmt = insert(dead_letters).on_conflict_do_nothing(index_elements=["occurrence_id"])
+    await conn.execute(stmt, rows)
 
 
 async def dead_letter_list(

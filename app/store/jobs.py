@@ -12,7 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import DateTime, Double, Integer, Text, and_, case, cast, column, func, or_, select, update, values
+from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -21,9 +22,9 @@ from app.domain.partition import partition_for
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule
 from app.domain.states import CANCELLABLE_STATES, CLAIMABLE_STATES, JobState
-from app.store.dead_letters import dead_letter_insert
-from app.store.runs import AttemptOutcome, run_insert
-from app.store.tables import jobs, targets
+from app.store.dead_letters import dead_letter_insert_many
+from app.store.runs import AttemptOutcome, run_insert_many
+from app.store.tables import job_state, jobs, targets
 
 _CLAIMABLE = [s.value for s in CLAIMABLE_STATES]
 
@@ -229,79 +230,127 @@ def _claimed_from_row(row: RowMapping) -> ClaimedJob:
     )
 
 
-async def job_finish_attempt(conn: AsyncConnection, job: ClaimedJob, result: AttemptOutcome, step: NextStep) -> bool:
-    """Records an attempt's outcome and moves the job on, guarded by its lease token.
+@dataclass(frozen=True)
+class FinishedAttempt:
+    job: ClaimedJob
+    result: AttemptOutcome
+    step: NextStep
 
-    Returns False when the lease is no longer this attempt's (reaped, cancelled): the
-    outcome is then not applied and no run is written by this caller.
-    """
-    values: dict[str, Any] = {
-        "state": step.state,
-        "lease_owner": None,
-        "lease_token": None,
-        "lease_expires_at": None,
-        "last_status_code": result.status_code,
-        "last_error": result.error,
-        "updated_at": func.now(),
+
+def _outcome_row(item: FinishedAttempt) -> dict[str, Any]:
+    step = item.step
+    return {
+        "id": item.job.id,
+        "lease_token": item.job.lease_token,
+        "new_state": step.state,
+        "retry_delay_s": step.retry_delay_s,
+        "next_at": step.next_occurrence_at,
+        "new_occurrence_id": uuid.uuid4() if step.state == JobState.SCHEDULED else None,
+        "status_code": item.result.status_code,
+        "error": item.result.error,
     }
-    if step.state == JobState.RETRYING:
-        assert step.retry_delay_s is not None
-        values["run_at"] = func.now() + dt.timedelta(seconds=step.retry_delay_s)
-    elif step.state == JobState.SCHEDULED:
-        assert step.next_occurrence_at is not None
-        values.update(
-            run_at=step.next_occurrence_at,
-            scheduled_for=step.next_occurrence_at,
-            occurrence_id=uuid.uuid4(),
-            attempt=0,
-            occurrences_run=jobs.c.occurrences_run + 1,
-        )
-    else:
-        values.update(run_at=None, finished_at=func.now(), occurrences_run=jobs.c.occurrences_run + 1)
 
+
+async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt]) -> set[uuid.UUID]:
+    """Records attempts' outcomes and moves their jobs on, each guarded by its lease token.
+
+    One UPDATE for the whole batch (group commit), then the runs and dead letters of the
+    jobs it matched. Returns the ids applied; a job missing from it was fenced (reaped or
+    cancelled meanwhile): its outcome is not applied and no run is written for it here.
+    """
+    if not items:
+        return set()
+    outcome = values(
+        column("id", UUID(as_uuid=True)),
+        column("lease_token", UUID(as_uuid=True)),
+        column("new_state", job_state),
+        column("retry_delay_s", Double),
+        column("next_at", DateTime(timezone=True)),
+        column("new_occurrence_id", UUID(as_uuid=True)),
+        column("status_code", Integer),
+        column("error", Text),
+        name="outcome",
+    ).data([tuple(_outcome_row(item).values()) for item in items])
+    # A VALUES column that is NULL in every row is typed text by PostgreSQL: cast on use.
+    retry_delay_s = cast(outcome.c.retry_delay_s, Double)
+    next_at = cast(outcome.c.next_at, DateTime(timezone=True))
+    new_occurrence_id = cast(outcome.c.new_occurrence_id, UUID(as_uuid=True))
+    retrying = outcome.c.new_state == JobState.RETRYING
+    scheduled = outcome.c.new_state == JobState.SCHEDULED
     stmt = (
         update(jobs)
         .where(
-            jobs.c.id == job.id,
+            jobs.c.id == outcome.c.id,
             jobs.c.state == JobState.RUNNING,
-            jobs.c.lease_token == job.lease_token,
+            jobs.c.lease_token == outcome.c.lease_token,
         )
-        .values(**values)
+        .values(
+            state=outcome.c.new_state,
+            lease_owner=None,
+            lease_token=None,
+            lease_expires_at=None,
+            last_status_code=cast(outcome.c.status_code, Integer),
+            last_error=cast(outcome.c.error, Text),
+            updated_at=func.now(),
+            # Retries count from the database's clock; the next occurrence is absolute.
+            run_at=case(
+                (retrying, func.now() + func.make_interval(0, 0, 0, 0, 0, 0, retry_delay_s)),
+                (scheduled, next_at),
+                else_=None,
+            ),
+            scheduled_for=case((scheduled, next_at), else_=jobs.c.scheduled_for),
+            occurrence_id=func.coalesce(new_occurrence_id, jobs.c.occurrence_id),
+            attempt=case((scheduled, 0), else_=jobs.c.attempt),
+            occurrences_run=jobs.c.occurrences_run + case((retrying, 0), else_=1),
+            finished_at=case((retrying | scheduled, None), else_=func.now()),
+        )
         .returning(jobs.c.id)
     )
-    if (await conn.execute(stmt)).first() is None:
-        return False
-    await run_insert(
-        conn,
-        job_id=job.id,
-        tenant_id=job.tenant_id,
-        occurrence_id=job.occurrence_id,
-        scheduled_for=job.scheduled_for,
-        attempt=job.attempt,
-        replica_id=job.lease_owner,
-        result=result,
-    )
-    if step.dead_letter:
-        await dead_letter_insert(
-            conn,
-            tenant_id=job.tenant_id,
-            job_id=job.id,
-            target_id=job.target_id,
-            occurrence_id=job.occurrence_id,
-            scheduled_for=job.scheduled_for,
-            payload=job.payload,
-            attempts=job.attempt,
-            last_status_code=result.status_code,
-            last_error=result.error,
-        )
-    return True
+    applied = set((await conn.execute(stmt)).scalars().all())
+    done = [item for item in items if item.job.id in applied]
+    if done:
+        await run_insert_many(conn, [run_values(item.job, item.result) for item in done])
+    letters = [dead_letter_values(item.job, item.result) for item in done if item.step.dead_letter]
+    if letters:
+        await dead_letter_insert_many(conn, letters)
+    return applied
+
+
+def run_values(job: ClaimedJob, result: AttemptOutcome) -> dict[str, Any]:
+    return {
+        "job_id": job.id,
+        "tenant_id": job.tenant_id,
+        "occurrence_id": job.occurrence_id,
+        "scheduled_for": job.scheduled_for,
+        "attempt": job.attempt,
+        "replica_id": job.lease_owner,
+        "started_at": result.started_at,
+        "status_code": result.status_code,
+        "duration_ms": result.duration_ms,
+        "outcome": result.outcome,
+        "error": result.error,
+    }
+
+
+def dead_letter_values(job: ClaimedJob, result: AttemptOutcome) -> dict[str, Any]:
+    return {
+        "tenant_id": job.tenant_id,
+        "job_id": job.id,
+        "target_id": job.target_id,
+        "occurrence_id": job.occurrence_id,
+        "scheduled_for": job.scheduled_for,
+        "payload": job.payload,
+        "attempts": job.attempt,
+        "last_status_code": result.status_code,
+        "last_error": result.error,
+    }
 
 
 async def job_lock_expired_leases(conn: AsyncConnection, limit: int) -> list[ClaimedJob]:
     """Running jobs whose lease has expired, row-locked for this transaction.
 
     SKIP LOCKED: two reapers never hold the same job; the lease-token guard in
-    job_finish_attempt makes a late scheduler's completion a no-op.
+    job_finish_attempts makes a late scheduler's completion a no-op.
     """
     stmt = (
         select(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.engine import RowMapping
@@ -26,32 +27,9 @@ class AttemptOutcome:
         return self.outcome == "success"
 
 
-async def run_insert(
-    conn: AsyncConnection,
-    *,
-    job_id: uuid.UUID,
-    tenant_id: uuid.UUID,
-    occurrence_id: uuid.UUID,
-    scheduled_for: dt.datetime,
-    attempt: int,
-    replica_id: str | None,
-    result: AttemptOutcome,
-) -> None:
-    await conn.execute(
-        runs.insert().values(
-            job_id=job_id,
-            tenant_id=tenant_id,
-            occurrence_id=occurrence_id,
-            scheduled_for=scheduled_for,
-            attempt=attempt,
-            replica_id=replica_id,
-            started_at=result.started_at,
-            status_code=result.status_code,
-            duration_ms=result.duration_ms,
-            outcome=result.outcome,
-            error=result.error,
-        )
-    )
+async def run_insert_many(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
+    """One multi-row INSERT (SQLAlchemy's insertmanyvalues) for a batch of attempts."""
+    await conn.execute(runs.insert(), rows)
 
 
 async def run_list_for_job(

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.lifecycle import after_attempt
 from app.services.reaper import Reaper, ReaperConfig
-from app.store.jobs import job_claim_due, job_finish_attempt
+from app.store.jobs import FinishedAttempt, job_claim_due, job_finish_attempts
 from app.store.runs import AttemptOutcome
 from app.store.tables import dead_letters, jobs, runs
 from tests.factories import expire_leases, make_jobs, make_tenant_and_target
@@ -55,9 +55,9 @@ async def test_a_stale_lease_cannot_record_an_outcome(engine: AsyncEngine) -> No
     success = AttemptOutcome("success", 200)
     step = after_attempt(first.attempt_context(), True, first.claimed_at, random.Random(1))
     async with engine.begin() as conn:
-        assert await job_finish_attempt(conn, first, success, step) is False  # fenced
+        assert await job_finish_attempts(conn, [FinishedAttempt(first, success, step)]) == set()  # fenced
     async with engine.begin() as conn:
-        assert await job_finish_attempt(conn, second, success, step) is True
+        assert await job_finish_attempts(conn, [FinishedAttempt(second, success, step)]) == {second.id}
     assert (await states(engine)) == Counter({"succeeded": 1})
     async with engine.connect() as conn:
         outcomes = (await conn.execute(select(runs.c.attempt, runs.c.outcome).order_by(runs.c.id))).all()

@@ -1,0 +1,85 @@
+"""Group commit for delivery outcomes.
+
+Deliveries finish one by one, but recording each in its own transaction made the database,
+not HTTP, the bottleneck (bench/). A delivery hands its outcome to `record()` and waits;
+whatever has accumulated while the previous batch was being written goes out as the next
+batch, in one transaction. Under light load a batch is a single outcome, so nothing waits
+on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.logs import log_event
+from app.services.loop import is_transient_db_error
+from app.store.jobs import FinishedAttempt, job_finish_attempts
+
+logger = logging.getLogger(__name__)
+
+MAX_BATCH = 500
+
+
+@dataclass
+class _Pending:
+    item: FinishedAttempt
+    # Monotonic time after which recording is pointless: the lease has expired and the
+    # reaper owns the job (recording would be fenced anyway).
+    deadline: float
+    done: asyncio.Future[bool]
+
+
+class OutcomeRecorder:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._pending: list[_Pending] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def record(self, item: FinishedAttempt, deadline: float) -> bool:
+        """True once applied; False when fenced or when the database stayed unreachable."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(item, deadline, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_all())
+        return await done
+
+    async def _write_all(self) -> None:
+        backoff = 0.1
+        while self._pending:
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            try:
+                async with self._engine.begin() as conn:
+                    applied = await job_finish_attempts(conn, [p.item for p in batch])
+            except Exception as exc:
+                if not is_transient_db_error(exc):
+                    for pending in batch:
+                        if not pending.done.done():
+                            pending.done.set_exception(exc)
+                    continue
+                # The POSTs happened: keep trying until their leases would have expired.
+                now = time.monotonic()
+                keep = []
+                for pending in batch:
+                    if now + backoff < pending.deadline:
+                        keep.append(pending)
+                    else:
+                        log_event(
+                            logger,
+                            "outcome_not_recorded",
+                            logging.ERROR,
+                            job_id=str(pending.item.job.id),
+                            error=type(exc).__name__,
+                        )
+                        pending.done.set_result(False)
+                self._pending = keep + self._pending
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            for pending in batch:
+                pending.done.set_result(pending.item.job.id in applied)
