@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Generic, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -15,6 +16,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, fie
 
 from app.domain.states import JobState
 from app.settings import TARGET_TIMEOUT_CEILING_S
+from app.store.pagination import encode_cursor
 
 T = TypeVar("T")
 
@@ -195,6 +197,15 @@ class DeadLetterPublic(BaseModel):
 class Page(BaseModel, Generic[T]):
     items: list[T]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page")
+
+
+def page_of(
+    rows: Sequence[Any], limit: int, to_item: Callable[[Any], T], cursor_of: Callable[[Any], str] | None = None
+) -> Page[T]:
+    """`rows` were fetched with `limit + 1`: an extra row means there is a next page."""
+    cursor_of = cursor_of or (lambda row: encode_cursor(row["created_at"], row["id"]))
+    next_cursor = cursor_of(rows[limit - 1]) if len(rows) > limit else None
+    return Page[T](items=[to_item(row) for row in rows[:limit]], next_cursor=next_cursor)
 
 
 class Health(BaseModel):

@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import Conn, TenantId
-from app.api.schemas import DeadLetterPublic, Page
+from app.api.schemas import DeadLetterPublic, Page, page_of
 from app.store.dead_letters import dead_letter_list
-from app.store.pagination import decode_time_id_cursor, encode_cursor
+from app.store.pagination import decode_time_id_cursor
 
 router = APIRouter(prefix="/v1/dead-letters", tags=["dead-letters"])
 
@@ -25,6 +25,4 @@ async def list_dead_letters(
 ) -> Page[DeadLetterPublic]:
     after = decode_time_id_cursor(cursor) if cursor else None
     rows = await dead_letter_list(conn, tenant_id, limit + 1, after, job_id=job_id)
-    next_cursor = encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
-    items = [DeadLetterPublic.model_validate(dict(r)) for r in rows[:limit]]
-    return Page[DeadLetterPublic](items=items, next_cursor=next_cursor)
+    return page_of(rows, limit, lambda row: DeadLetterPublic.model_validate(dict(row)))

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
-from app.api.schemas import JobCreate, JobPublic, Page, RunPublic, job_public
+from app.api.schemas import JobCreate, JobPublic, Page, RunPublic, job_public, page_of
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import resolve_schedule
 from app.domain.states import JobState
@@ -80,8 +80,7 @@ async def list_jobs(
 ) -> Page[JobPublic]:
     after = decode_time_id_cursor(cursor) if cursor else None
     rows = await store.job_list(conn, tenant_id, limit + 1, after, state=state, target_id=target_id)
-    next_cursor = encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
-    return Page[JobPublic](items=[job_public(r) for r in rows[:limit]], next_cursor=next_cursor)
+    return page_of(rows, limit, job_public)
 
 
 @router.get("/{job_id}", operation_id="getJob")
@@ -120,6 +119,4 @@ async def list_runs(
     rows = await run_list_for_job(conn, tenant_id, job_id, limit + 1, after)
     if rows is None:
         raise Problem(404, NOT_FOUND, slug="not-found")
-    next_cursor = encode_cursor(rows[limit - 1]["id"]) if len(rows) > limit else None
-    items = [RunPublic.model_validate(dict(r)) for r in rows[:limit]]
-    return Page[RunPublic](items=items, next_cursor=next_cursor)
+    return page_of(rows, limit, lambda row: RunPublic.model_validate(dict(row)), lambda row: encode_cursor(row["id"]))

@@ -16,11 +16,12 @@ from app.api.schemas import (
     TargetSecret,
     TargetUpdate,
     TargetWithSecret,
+    page_of,
     target_public,
 )
 from app.settings import Settings
 from app.store import targets as store
-from app.store.pagination import decode_time_id_cursor, encode_cursor
+from app.store.pagination import decode_time_id_cursor
 
 router = APIRouter(prefix="/v1/targets", tags=["targets"])
 
@@ -60,8 +61,7 @@ async def list_targets(
 ) -> Page[TargetPublic]:
     after = decode_time_id_cursor(cursor) if cursor else None
     rows = await store.target_list(conn, tenant_id, limit + 1, after)
-    next_cursor = encode_cursor(rows[limit - 1]["created_at"], rows[limit - 1]["id"]) if len(rows) > limit else None
-    return Page[TargetPublic](items=[target_public(r) for r in rows[:limit]], next_cursor=next_cursor)
+    return page_of(rows, limit, target_public)
 
 
 @router.get("/{target_id}", operation_id="getTarget")
