@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
-from app.api.errors import install_error_handlers, problem_response
+from app.api.errors import CatchAll, install_error_handlers, problem_response
 from app.api.routes import dead_letters, health, jobs, targets
 from app.runtime import Runtime
 from app.services.loop import run_forever
@@ -70,6 +70,8 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None, run_servic
     for module in (targets, jobs, dead_letters, health):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES)
+    # Added last, so it wraps everything above: nothing unexpected escapes to the server.
+    app.add_middleware(CatchAll)
     return app
 
 

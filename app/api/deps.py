@@ -33,7 +33,9 @@ async def get_conn(engine: Annotated[AsyncEngine, Depends(get_engine)]) -> Async
         yield conn
 
 
-Conn = Annotated[AsyncConnection, Depends(get_conn)]
+# scope="function": the transaction commits before the response is sent, so a client never
+# holds a 201 for a row whose commit then failed.
+Conn = Annotated[AsyncConnection, Depends(get_conn, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 _UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="cronhook"'}

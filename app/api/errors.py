@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.domain.schedule import ScheduleError
 from app.logs import log_event
@@ -143,18 +145,66 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = dict(exc.headers) if exc.headers else None
         return problem_response(request, exc.status_code, str(exc.detail), headers=headers)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        if is_transient_db_error(exc):
-            log_event(logger, "request_db_unavailable", logging.WARNING, path=request.url.path)
-            return problem_response(
-                request,
-                503,
-                "the database is unavailable; try again",
-                slug="unavailable",
-                headers={"Retry-After": "1"},
-            )
-        # Never echo the exception: it may carry SQL, payloads or secrets.
-        log_event(logger, "request_failed", logging.ERROR, path=request.url.path, error=type(exc).__name__)
-        logger.debug("request_failed_traceback", exc_info=exc)
-        return problem_response(request, 500, "internal error", slug="internal")
+
+RETRY_SOON = {"Retry-After": "1"}
+
+
+class CatchAll:
+    """Turns an unexpected exception into a problem response without re-raising it.
+
+    Starlette's own handler for `Exception` answers and then re-raises, so the server logs the
+    exception with its traceback and closes the connection. Here it is logged once, as our
+    event, and the connection stays usable.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            request = Request(scope)
+            if is_transient_db_error(exc):
+                log_event(logger, "request_db_unavailable", logging.WARNING, path=request.url.path)
+                response = problem_response(
+                    request,
+                    503,
+                    "the database is unavailable; try again",
+                    slug="unavailable",
+                    headers={"Retry-After": "1"},
+                )
+            else:
+                # Type and location only: driver messages can quote statement parameters
+                # (asyncpg echoes a value it cannot encode), and those may be secrets.
+                log_event(
+                    logger,
+                    "request_failed",
+                    logging.ERROR,
+                    path=request.url.path,
+                    error=type(exc).__name__,
+                    where=_where(exc),
+                )
+                response = problem_response(request, 500, "internal error", slug="internal")
+            if not started:
+                await response(scope, receive, send)
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "/app/" in f.filename] or frames
+    if not ours:
+        return "unknown"
+    frame = ours[-1]
+    return f"{frame.filename.rsplit('/app/', 1)[-1]}:{frame.lineno} in {frame.name}"

@@ -6,13 +6,14 @@ Requests forbid unknown fields, so a typo is a 422 naming the field, not a silen
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Generic, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from app.domain.states import JobState
 from app.settings import TARGET_TIMEOUT_CEILING_S
@@ -44,9 +45,49 @@ class RequestModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _is_storable_text(value: str) -> bool:
+    """PostgreSQL text cannot hold NUL, and lone surrogates are not UTF-8."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _plain_text(value: str) -> str:
+    if not _is_storable_text(value) or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+PlainText = Annotated[str, AfterValidator(_plain_text)]
+
+
+def check_json_payload(value: Any, depth: int = 0) -> Any:
+    """Rejects what JSON parsers accept but JSONB cannot store: NaN/Infinity, NUL, surrogates."""
+    if depth > 64:
+        raise ValueError("is nested more than 64 levels deep")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must not contain NaN or Infinity")
+    if isinstance(value, str) and not _is_storable_text(value):
+        raise ValueError("strings must not contain NUL characters or unpaired surrogates")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_json_payload(key, depth + 1)
+            check_json_payload(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            check_json_payload(item, depth + 1)
+    return value
+
+
 def _check_url(value: str) -> str:
     if len(value) > MAX_URL_LENGTH:
         raise ValueError(f"must be at most {MAX_URL_LENGTH} characters")
+    if not value.isascii() or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("must be an ASCII URL without spaces or control characters (percent-encode them)")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https"):
         raise ValueError("must be an http:// or https:// URL")
@@ -77,13 +118,14 @@ def _check_headers(value: dict[str, str] | None) -> dict[str, str] | None:
         if lower in seen:
             raise ValueError(f"{name!r} is given twice")
         seen.add(lower)
-        if any(c in header_value for c in "\r\n\0") or len(header_value) > 4096:
-            raise ValueError(f"the value of {name!r} is not a valid header value")
+        # Visible ASCII, space and tab only: anything else cannot be sent on every client.
+        if len(header_value) > 4096 or any(not (c == "\t" or " " <= c <= "~") for c in header_value):
+            raise ValueError(f"the value of {name!r} must be visible ASCII (at most 4096 characters)")
     return value
 
 
 class TargetCreate(RequestModel):
-    name: Annotated[str, Field(min_length=1, max_length=200)]
+    name: Annotated[PlainText, Field(min_length=1, max_length=200)]
     url: Annotated[str, Field(description="http(s) URL the webhooks are POSTed to")]
     headers: dict[str, str] | None = Field(
         default=None, description="Extra request headers (e.g. Authorization); values are never returned"
@@ -97,7 +139,7 @@ class TargetCreate(RequestModel):
 
 
 class TargetUpdate(RequestModel):
-    name: Annotated[str | None, Field(min_length=1, max_length=200)] = None
+    name: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = None
     url: str | None = None
     headers: dict[str, str] | None = None
     timeout_s: Annotated[float | None, Field(gt=0, le=TARGET_TIMEOUT_CEILING_S)] = None
@@ -131,16 +173,18 @@ class TargetSecret(BaseModel):
 
 class JobCreate(RequestModel):
     target_id: uuid.UUID
-    payload: JsonValue = Field(default=None, description="Any JSON; sent as the webhook body")
-    name: Annotated[str | None, Field(max_length=200)] = None
+    payload: Annotated[JsonValue, AfterValidator(check_json_payload)] = Field(
+        default=None, description="Any JSON; sent as the webhook body"
+    )
+    name: Annotated[PlainText | None, Field(max_length=200)] = None
     priority: Annotated[int, Field(ge=0, le=9)] = 0
     max_attempts: Annotated[int | None, Field(ge=1, le=100)] = None
     backoff_base_s: Annotated[float | None, Field(gt=0, le=86400)] = None
     backoff_max_s: Annotated[float | None, Field(gt=0, le=7 * 86400)] = None
     run_at: AwareDatetime | None = Field(default=None, description="RFC 3339 timestamp with offset")
     delay_s: Annotated[float | None, Field(gt=0, le=MAX_DELAY_S)] = None
-    cron: Annotated[str | None, Field(min_length=1, max_length=200)] = None
-    timezone: Annotated[str | None, Field(min_length=1, max_length=64)] = Field(
+    cron: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = None
+    timezone: Annotated[PlainText | None, Field(min_length=1, max_length=64)] = Field(
         default=None, description="IANA time zone for `cron` (default UTC)"
     )
     every_s: Annotated[int | None, Field(ge=1, le=366 * 86400)] = None

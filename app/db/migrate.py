@@ -50,6 +50,9 @@ async def migrate_to_head(engine: AsyncEngine) -> None:
             if before != head:
                 log_event(logger, "schema_migrated", from_revision=before, to_revision=head)
         finally:
+            # After a failed migration the transaction is aborted: roll back first, or the
+            # unlock fails too and hides the real error.
+            await connection.rollback()
             await connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID})
             await connection.commit()
 

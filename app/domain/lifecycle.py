@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 
 from app.domain.retry import RetryPolicy, attempts_exhausted, backoff_delay
-from app.domain.schedule import Schedule, next_fire_after_occurrence
+from app.domain.schedule import Schedule, ScheduleError, next_fire_after_occurrence
 from app.domain.states import JobState
 
 
@@ -41,7 +41,12 @@ def after_attempt(ctx: AttemptContext, succeeded: bool, now: dt.datetime, rng: r
     dead_letter = not succeeded
     # A recurring job keeps its schedule after a failed occurrence (as Cloud Scheduler does):
     # the occurrence is dead-lettered and the next one is scheduled.
-    next_at = next_fire_after_occurrence(ctx.schedule, ctx.scheduled_for, ctx.anchor, now)
+    try:
+        next_at = next_fire_after_occurrence(ctx.schedule, ctx.scheduled_for, ctx.anchor, now)
+    except ScheduleError:
+        # The schedule has no fire time left (e.g. a date that has passed): it is complete.
+        # Raising here would leave the job running and the reaper re-delivering it.
+        next_at = None
     if next_at is not None:
         return NextStep(JobState.SCHEDULED, next_occurrence_at=next_at, dead_letter=dead_letter)
     return NextStep(JobState.DEAD if dead_letter else JobState.SUCCEEDED, dead_letter=dead_letter)

@@ -20,6 +20,10 @@ from croniter import CroniterBadCronError, CroniterBadDateError, croniter
 
 UTC = dt.UTC
 
+# run_at bounds: earlier is surely a mistake (a past run_at fires at once); later, a typo.
+EARLIEST_RUN_AT = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+MAX_SCHEDULE_AHEAD = dt.timedelta(days=3653)
+
 # Evaluating an untrusted expression must be bounded: croniter gives up after this many
 # years without a match (Feb 30 never matches).
 MAX_YEARS_BETWEEN_FIRES = 5
@@ -56,7 +60,8 @@ Schedule = OnceSchedule | CronSchedule | IntervalSchedule
 def load_timezone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    # OSError: a name that is a directory of the zone database ("America"), not a zone.
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise ScheduleError("timezone", f"unknown IANA time zone {name!r}") from exc
 
 
@@ -166,7 +171,14 @@ def resolve_schedule(
     if run_at is not None:
         if run_at.tzinfo is None or run_at.utcoffset() is None:
             raise ScheduleError("run_at", "must include a UTC offset (RFC 3339)")
-        schedule = OnceSchedule(run_at.astimezone(UTC))
+        try:
+            at = run_at.astimezone(UTC)
+            in_range = EARLIEST_RUN_AT <= at <= now + MAX_SCHEDULE_AHEAD
+        except OverflowError:
+            in_range = False
+        if not in_range:
+            raise ScheduleError("run_at", "must be between 2000-01-01 and 10 years from now")
+        schedule = OnceSchedule(at)
     elif delay_s is not None:
         if delay_s <= 0:
             raise ScheduleError("delay_s", "must be greater than 0")

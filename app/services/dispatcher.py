@@ -120,7 +120,15 @@ def _outcome(
     outcome: str, status: int | None, error: str | None, started: float, started_wall: dt.datetime
 ) -> AttemptOutcome:
     duration_ms = int((time.monotonic() - started) * 1000)
-    return AttemptOutcome(outcome, status, error, duration_ms, started_wall)
+    return AttemptOutcome(outcome, status, _storable(error), duration_ms, started_wall)
+
+
+def _storable(text: str | None) -> str | None:
+    """A receiver controls its response body: make it safe for a PostgreSQL text column."""
+    if text is None:
+        return None
+    cleaned = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    return cleaned[:ERROR_EXCERPT_CHARS]
 
 
 def _describe(exc: BaseException) -> str:

@@ -57,9 +57,7 @@ class OutcomeRecorder:
                     applied = await job_finish_attempts(conn, [p.item for p in batch])
             except Exception as exc:
                 if not is_transient_db_error(exc):
-                    for pending in batch:
-                        if not pending.done.done():
-                            pending.done.set_exception(exc)
+                    await self._write_one_by_one(batch)
                     continue
                 # The POSTs happened: keep trying until their leases would have expired.
                 now = time.monotonic()
@@ -82,4 +80,26 @@ class OutcomeRecorder:
                 continue
             backoff = 0.1
             for pending in batch:
+                if not pending.done.done():
+                    pending.done.set_result(pending.item.job.id in applied)
+
+    async def _write_one_by_one(self, batch: list[_Pending]) -> None:
+        """After a non-transient error, isolate the bad outcome so it cannot sink the others."""
+        for pending in batch:
+            try:
+                async with self._engine.begin() as conn:
+                    applied = await job_finish_attempts(conn, [pending.item])
+            except Exception as exc:
+                log_event(
+                    logger, "outcome_rejected", logging.ERROR, job_id=str(pending.item.job.id), error=type(exc).__name__
+                )
+                if not pending.done.done():
+                    pending.done.set_exception(exc)
+                continue
+            if not pending.done.done():
                 pending.done.set_result(pending.item.job.id in applied)
+
+    async def drain(self) -> None:
+        """Waits for outcomes already handed over to be written (shutdown)."""
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)

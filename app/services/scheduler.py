@@ -91,6 +91,7 @@ class Scheduler:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+        await self._recorder.drain()
         await self._dispatcher.close()
         self._started = False
 

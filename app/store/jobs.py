@@ -230,6 +230,25 @@ def _claimed_from_row(row: RowMapping) -> ClaimedJob:
     )
 
 
+async def job_release_claim(conn: AsyncConnection, job: ClaimedJob) -> bool:
+    """Hands an unstarted claim back (no POST was made): the attempt is not counted."""
+    stmt = (
+        update(jobs)
+        .where(jobs.c.id == job.id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == job.lease_token)
+        .values(
+            state=case((jobs.c.attempt > 1, JobState.RETRYING), else_=JobState.SCHEDULED),
+            attempt=jobs.c.attempt - 1,
+            run_at=func.now(),
+            lease_owner=None,
+            lease_token=None,
+            lease_expires_at=None,
+            updated_at=func.now(),
+        )
+        .returning(jobs.c.id)
+    )
+    return (await conn.execute(stmt)).first() is not None
+
+
 @dataclass(frozen=True)
 class FinishedAttempt:
     job: ClaimedJob

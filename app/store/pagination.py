@@ -8,6 +8,10 @@ import json
 import uuid
 from typing import Any
 
+# Cursors are opaque but come from clients: keep them within what PostgreSQL can compare.
+MIN_TIME = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+MAX_TIME = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
+
 
 class InvalidCursor(ValueError):
     pass
@@ -21,9 +25,15 @@ def encode_cursor(*parts: Any) -> str:
 def decode_time_id_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        created, ident = json.loads(base64.urlsafe_b64decode(padded))
-        return dt.datetime.fromisoformat(created), uuid.UUID(ident)
-    except (ValueError, TypeError) as exc:
+        created_text, ident = json.loads(base64.urlsafe_b64decode(padded))
+        parsed = dt.datetime.fromisoformat(created_text)
+        if parsed.tzinfo is None:
+            raise ValueError("cursor time without offset")
+        created = parsed.astimezone(dt.UTC)
+        if not MIN_TIME <= created <= MAX_TIME:
+            raise ValueError("cursor time out of range")
+        return created, uuid.UUID(ident)
+    except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidCursor("invalid cursor") from exc
 
 
@@ -31,6 +41,9 @@ def decode_int_cursor(cursor: str) -> int:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         (value,) = json.loads(base64.urlsafe_b64decode(padded))
-        return int(value)
-    except (ValueError, TypeError) as exc:
+        number = int(value)
+        if not 0 <= number < 2**63:
+            raise ValueError("cursor out of range")
+        return number
+    except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidCursor("invalid cursor") from exc

@@ -227,3 +227,21 @@ async def test_the_reaper_retries_a_delivery_whose_lease_expired(
     assert receiver.requests[0].headers["webhook-id"] == f"msg_{claimed.occurrence_id.hex}"
     runs = await get_runs(client, auth, job["id"])
     assert [r["outcome"] for r in runs] == ["lease_expired", "success"]
+
+
+async def test_a_receiver_body_postgres_cannot_store_is_recorded_cleanly(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    receiver.script = [Reply(status=500, body=b"bad\x00byte \xff\xfe")]
+    target = await make_target(client, auth, receiver.url())
+    jobs = [await make_job(client, auth, target["id"], backoff_base_s=0.05, backoff_max_s=0.1) for _ in range(5)]
+
+    async def all_succeeded() -> bool:
+        states = [(await get_job(client, auth, j["id"]))["state"] for j in jobs]
+        return states == ["succeeded"] * len(jobs)
+
+    await drive(scheduler, all_succeeded, message="all succeeded")
+    # One failed attempt (the odd body) and five successes; nobody was delivered twice.
+    assert len(receiver.requests) == 6
+    errors = [r["error"] for j in jobs for r in await get_runs(client, auth, j["id"]) if r["error"]]
+    assert len(errors) == 1 and errors[0].startswith("HTTP 500: bad") and "\x00" not in errors[0]

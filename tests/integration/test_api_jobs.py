@@ -71,6 +71,15 @@ BAD_JOBS: list[tuple[dict[str, Any], int, str]] = [
     ({"delay_s": 5, "priority": 10}, 422, "priority"),
     ({"delay_s": 5, "max_attempts": 0}, 422, "max_attempts"),
     ({"delay_s": 5, "backoff_base_s": 10, "backoff_max_s": 1}, 422, "backoff_max_s"),
+    # What JSON accepts but PostgreSQL cannot store, and timestamps out of any sane range.
+    ({"delay_s": 5, "name": "a\u0000b"}, 422, "name"),
+    ({"delay_s": 5, "payload": {"k": "a\u0000b"}}, 422, "payload"),
+    ({"delay_s": 5, "payload": {"a\u0000": 1}}, 422, "payload"),
+    ({"run_at": "0001-01-01T00:00:00+05:00"}, 422, "run_at"),
+    ({"run_at": "0001-01-01T00:00:00Z"}, 422, "run_at"),
+    ({"run_at": "9999-12-31T23:59:59-05:00"}, 422, "run_at"),
+    ({"cron": "* * * * *", "timezone": "America"}, 422, "timezone"),
+    ({"cron": "* * * * *", "timezone": "../../etc/passwd"}, 422, "timezone"),
 ]
 
 
@@ -120,6 +129,43 @@ async def test_oversized_payload_and_body_are_413(
     response = await client.post("/v1/jobs", content=huge, headers={**auth, "content-type": "application/json"})
     assert response.status_code == 413
     assert await job_count(engine) == 0
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"delay_s": 5, "payload": {"x": NaN}}', "payload"),
+        (b'{"delay_s": 5, "payload": [Infinity]}', "payload"),
+        (b'{"delay_s": 5, "payload": "\\ud800"}', "payload"),
+    ],
+)
+async def test_payloads_postgres_cannot_store_are_422(
+    client: httpx.AsyncClient,
+    auth: dict[str, str],
+    target: dict[str, Any],
+    engine: AsyncEngine,
+    raw: bytes,
+    field: str,
+) -> None:
+    body = raw.replace(b"{", b'{"target_id": "' + target["id"].encode() + b'", ', 1)
+    response = await client.post("/v1/jobs", content=body, headers={**auth, "content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["field"] == field
+    assert await job_count(engine) == 0
+
+
+async def test_out_of_range_cursors_are_400(client: httpx.AsyncClient, auth: dict[str, str]) -> None:
+    from app.store.pagination import encode_cursor
+
+    job_id = str(uuid.uuid4())
+    for path, cursor in (
+        (f"/v1/jobs/{job_id}/runs", encode_cursor(2**70)),
+        ("/v1/jobs", encode_cursor("0001-01-01T00:00:00+14:00", job_id)),
+        ("/v1/jobs", encode_cursor("2026-01-01T00:00:00", job_id)),
+    ):
+        response = await client.get(path, params={"cursor": cursor}, headers=auth)
+        assert response.status_code == 400, (path, response.text)
+        assert response.json()["errors"][0]["field"] == "cursor"
 
 
 async def test_malformed_json_is_400(client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine) -> None:

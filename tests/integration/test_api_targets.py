@@ -47,6 +47,11 @@ async def test_secret_appears_only_on_create_and_rotate(client: httpx.AsyncClien
         ({"name": "x", "url": "http://example.test/", "timeout_s": 0}, "timeout_s"),
         ({"name": "x", "url": "http://example.test/", "timeout_s": 99}, "timeout_s"),
         ({"name": "x", "url": "http://example.test/", "extra": 1}, "extra"),
+        ({"name": "a\u0000b", "url": "http://example.test/"}, "name"),
+        ({"name": "x", "url": "http://example.test/\u0000"}, "url"),
+        ({"name": "x", "url": "http://example.test/a b"}, "url"),
+        ({"name": "x", "url": "http://example.test/", "headers": {"X-A": "a\u0001b"}}, "headers"),
+        ({"name": "x", "url": "http://example.test/", "headers": {"X-A": "caf\u00e9"}}, "headers"),
     ],
 )
 async def test_bad_target_input_names_the_field_and_writes_nothing(

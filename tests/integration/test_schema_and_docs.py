@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -52,3 +53,43 @@ async def test_readyz_reports_an_unreachable_database(settings: Settings) -> Non
     await dead.dispose()
     assert response.status_code == 503
     assert response.json()["database"] is False
+
+
+async def test_an_unexpected_error_is_a_bare_500_problem(settings: Settings, engine: AsyncEngine) -> None:
+    app = create_app(settings, engine=engine)
+
+    async def boom() -> None:
+        raise RuntimeError("whsec_should_never_be_shown")
+
+    app.add_api_route("/boom", boom)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        response = await http.get("/boom")
+        # The connection stays usable: the next request is served normally.
+        assert (await http.get("/healthz")).status_code == 200
+    assert response.status_code == 500
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "whsec_" not in response.text
+
+
+async def test_a_failing_statement_leaks_no_parameter_to_response_or_logs(
+    settings: Settings, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sqlalchemy import text
+
+    app = create_app(settings, engine=engine)
+
+    async def bad_statement() -> None:
+        async with engine.connect() as conn:
+            # asyncpg quotes a value it cannot encode in its own error message.
+            await conn.execute(text("SELECT CAST(:value AS integer)"), {"value": "whsec_secret_value"})
+
+    app.add_api_route("/bad", bad_statement)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    with caplog.at_level("DEBUG"):
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await http.get("/bad")
+    assert response.status_code == 500
+    assert "whsec_secret_value" not in response.text
+    assert "whsec_secret_value" not in caplog.text
+    assert any(getattr(r, "error", None) == "DBAPIError" for r in caplog.records)
