@@ -2,7 +2,8 @@
 
 A job has exactly one schedule:
 - Once: fires at one instant (`run_at`, or `delay_s` from creation).
-- Cron: a cron expression evaluated in an IANA time zone.
+- Cron: a cron expression evaluated in an IANA time zone (syntax and DST policy in
+  app/domain/cron.py).
 - Interval: every `every_s` seconds, anchored at the first fire time (fixed rate).
 
 Missed occurrences (the service was down or backlogged) are coalesced: after an occurrence
@@ -14,9 +15,9 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
-from croniter import CroniterBadCronError, CroniterBadDateError, croniter
+from app.domain.cron import CronError, load_zone, next_fire, parse_cron
 
 UTC = dt.UTC
 
@@ -24,18 +25,9 @@ UTC = dt.UTC
 EARLIEST_RUN_AT = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 MAX_SCHEDULE_AHEAD = dt.timedelta(days=3653)
 
-# Evaluating an untrusted expression must be bounded: croniter gives up after this many
-# years without a match (Feb 30 never matches).
-MAX_YEARS_BETWEEN_FIRES = 5
 
-
-class ScheduleError(ValueError):
-    """An invalid schedule; `field` names the offending input field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
+# One error type for every schedule field: `field` names the input, `message` says why.
+ScheduleError = CronError
 
 
 @dataclass(frozen=True)
@@ -58,43 +50,19 @@ Schedule = OnceSchedule | CronSchedule | IntervalSchedule
 
 
 def load_timezone(name: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name)
-    # OSError: a name that is a directory of the zone database ("America"), not a zone.
-    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise ScheduleError("timezone", f"unknown IANA time zone {name!r}") from exc
+    return load_zone(name)
 
 
 def validate_cron(expression: str, timezone: str, now: dt.datetime) -> None:
     """Raises ScheduleError unless the expression parses and fires within the bound."""
-    if not croniter.is_valid(expression):
-        raise ScheduleError("cron", f"invalid cron expression {expression!r}")
-    try:
-        next_cron_fire(CronSchedule(expression, timezone), now)
-    except ScheduleError:
-        raise
-    except (CroniterBadCronError, CroniterBadDateError, ValueError) as exc:
-        raise ScheduleError("cron", f"cron expression {expression!r} never fires") from exc
+    next_fire(parse_cron(expression), timezone, now)
 
 
 def next_cron_fire(schedule: CronSchedule, after: dt.datetime) -> dt.datetime:
-    """The first fire time strictly after `after`, as an aware UTC datetime."""
+    """The first fire time strictly after `after`, as an aware UTC datetime (DST policy in
+    app/domain/cron.py)."""
     _require_aware(after)
-    zone = load_timezone(schedule.timezone)
-    local_after = after.astimezone(zone)
-    try:
-        itr = croniter(
-            schedule.expression,
-            local_after,
-            max_years_between_matches=MAX_YEARS_BETWEEN_FIRES,
-        )
-        fire = itr.get_next(dt.datetime)
-    except CroniterBadDateError as exc:
-        raise ScheduleError("cron", f"cron expression {schedule.expression!r} never fires") from exc
-    except (CroniterBadCronError, ValueError) as exc:
-        raise ScheduleError("cron", f"invalid cron expression {schedule.expression!r}") from exc
-    fire_utc: dt.datetime = fire.astimezone(UTC)
-    return fire_utc
+    return next_fire(parse_cron(schedule.expression), schedule.timezone, after)
 
 
 def next_interval_fire(schedule: IntervalSchedule, anchor: dt.datetime, after: dt.datetime) -> dt.datetime:

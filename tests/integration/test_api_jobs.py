@@ -79,6 +79,9 @@ BAD_JOBS: list[tuple[dict[str, Any], int, str]] = [
     ({"run_at": "0001-01-01T00:00:00Z"}, 422, "run_at"),
     ({"run_at": "9999-12-31T23:59:59-05:00"}, 422, "run_at"),
     ({"cron": "* * * * *", "timezone": "America"}, 422, "timezone"),
+    ({"cron": "0 0 1 1 * 0 2031"}, 422, "cron"),  # a year field: never after 2031
+    ({"cron": "R * * * *"}, 422, "cron"),  # croniter's random minute
+    ({"cron": "@reboot"}, 422, "cron"),
     ({"cron": "* * * * *", "timezone": "../../etc/passwd"}, 422, "timezone"),
 ]
 
@@ -100,6 +103,16 @@ async def test_bad_job_input_is_a_problem_naming_the_field_and_writes_nothing(
     assert problem["status"] == status
     assert field in [e["field"] for e in problem["errors"]], problem
     assert await job_count(engine) == 0
+
+
+async def test_seconds_field_and_aliases(
+    client: httpx.AsyncClient, auth: dict[str, str], target: dict[str, Any]
+) -> None:
+    every_20s = await make_job(client, auth, target["id"], cron="*/20 * * * * *")
+    assert dt.datetime.fromisoformat(every_20s["next_run_at"]).second % 20 == 0
+    daily = await make_job(client, auth, target["id"], cron="@daily", timezone="Asia/Kolkata")
+    local = dt.datetime.fromisoformat(daily["next_run_at"]).astimezone(__import__("zoneinfo").ZoneInfo("Asia/Kolkata"))
+    assert (local.hour, local.minute, local.second) == (0, 0, 0)
 
 
 async def test_unknown_and_foreign_targets_are_rejected(

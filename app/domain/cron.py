@@ -1,0 +1,354 @@
+"""Cron expressions: validation of untrusted input, and their fire instants in an IANA zone.
+
+Pure functions: no clock reads (`after` is always passed in) and no I/O beyond loading
+time-zone data. croniter only enumerates naive wall-clock times here; mapping them to
+instants, and what to do around DST changes, is this module's policy:
+
+Syntax
+    Five fields (minute hour day-of-month month day-of-week), or six with a LEADING
+    seconds field ("*/10 * * * * *" fires every 10 seconds). The aliases @yearly,
+    @annually, @monthly, @weekly, @daily, @midnight and @hourly stand for their
+    five-field expressions. Month and weekday names, and croniter's L (last), W (nearest
+    weekday), # (nth weekday) and ? are accepted. Anything else (@reboot, a year field,
+    croniter's hashed 'H' and random 'R' values) is rejected with CronError(field="cron").
+
+Evaluation is bounded
+    An expression with no fire time within MAX_YEARS_BETWEEN_FIRES years after `after`
+    (Feb 30 never comes) raises CronError(field="cron", "... never fires ...") after a
+    search of about a millisecond, so untrusted expressions cannot make us loop.
+
+DST policy
+    * Matching is done on local wall-clock time in the job's zone.
+    * Spring-forward gap: a wall time that does not exist (falls in the gap) fires ONCE,
+      at the first instant after the gap, i.e. when the local clock resumes (a 02:30
+      schedule in America/New_York fires at 03:00 EDT on 2026-03-08). Several gap wall
+      times (02:00 and 02:30 for */30) collapse into that one firing, and when the wall
+      time right after the gap also matches it is the same firing: an instant fires once.
+    * Fall-back overlap: an ambiguous wall time fires once, at its FIRST occurrence
+      (fold=0, the earlier instant), for a fixed-time schedule, whose hour field does not
+      match every hour ("30 1 * * *"). A frequent schedule, whose hour field matches every
+      hour ("*/30 * * * *", "0 0-23 * * *"), fires at BOTH occurrences (fold=0 and
+      fold=1), i.e. in both passes of the repeated hour.
+    * Shifts that are not whole hours follow the same rules (Australia/Lord_Howe moves its
+      clocks by 30 minutes).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadDateError, CroniterError, croniter
+from croniter.croniter import HOUR_FIELD
+
+UTC = dt.UTC
+
+MAX_EXPRESSION_LENGTH: Final = 200
+# Evaluating an untrusted expression must be bounded: croniter gives up after this many
+# years without a match.
+MAX_YEARS_BETWEEN_FIRES: Final = 5
+MAX_UPCOMING: Final = 1000
+
+ALIASES: Final[dict[str, str]] = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+_FIVE_FIELDS: Final = ("minute", "hour", "day-of-month", "month", "day-of-week")
+_SIX_FIELDS: Final = ("second", *_FIVE_FIELDS)
+
+# Characters each field may hold once month and weekday names are removed. Everything
+# else croniter would accept is refused on purpose: 'H' needs a hash id we do not have,
+# and 'R' picks a different random value every time the expression is parsed.
+_NUMERIC: Final = frozenset("0123456789*,-/")
+_ALLOWED_CHARS: Final[dict[str, frozenset[str]]] = {
+    "second": _NUMERIC,
+    "minute": _NUMERIC,
+    "hour": _NUMERIC,
+    "day-of-month": _NUMERIC | frozenset("?LW"),
+    "month": _NUMERIC,
+    "day-of-week": _NUMERIC | frozenset("?L#"),
+}
+_NAMES: Final[dict[str, re.Pattern[str]]] = {
+    "month": re.compile(r"JAN|FEB|MAR|APR|MAY|JUN|JUL|AUG|SEP|OCT|NOV|DEC"),
+    "day-of-week": re.compile(r"SUN|MON|TUE|WED|THU|FRI|SAT"),
+}
+# Same field separator as croniter: ASCII whitespace only, so a no-break space cannot
+# split fields for us and glue them together for croniter.
+_FIELD_RE: Final = re.compile(r"\S+", re.ASCII)
+
+
+class CronError(ValueError):
+    """An invalid cron schedule; `field` is "cron" or "timezone"."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class CronSpec:
+    """A validated cron expression. Build it with parse_cron, which fills every field."""
+
+    # Normalised: aliases expanded, fields separated by single spaces.
+    expression: str
+    # Six fields, the first of which is seconds.
+    has_seconds: bool
+    # The hour field matches every hour of the day; decides the fall-back rule.
+    frequent: bool
+
+
+def parse_cron(expression: str) -> CronSpec:
+    """Validates and normalises an untrusted cron expression; raises CronError(field="cron")."""
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise CronError("cron", f"cron expression is longer than {MAX_EXPRESSION_LENGTH} characters")
+    fields = _FIELD_RE.findall(expression)
+    if not fields:
+        raise CronError("cron", "cron expression is empty")
+    if fields[0].startswith("@"):
+        alias = fields[0].lower()
+        if len(fields) != 1 or alias not in ALIASES:
+            raise CronError("cron", f"unsupported cron alias {expression.strip()!r}; use one of {', '.join(ALIASES)}")
+        fields = ALIASES[alias].split()
+    if len(fields) not in (5, 6):
+        raise CronError(
+            "cron",
+            f"cron expression {expression!r} has {len(fields)} fields; expected 5 (minute hour "
+            "day-of-month month day-of-week), or 6 with a leading seconds field",
+        )
+    has_seconds = len(fields) == 6
+    for name, value in zip(_SIX_FIELDS if has_seconds else _FIVE_FIELDS, fields, strict=True):
+        _check_field_chars(expression, name, value)
+
+    normalised = " ".join(fields)
+    try:
+        expanded, _ = croniter.expand(normalised, second_at_beginning=has_seconds)
+    except CroniterError as exc:
+        raise CronError("cron", f"invalid cron expression {expression!r}: {_first_line(exc)}") from exc
+    # croniter turns a field that lists every value ("*/1", "0-23") into ["*"].
+    frequent = expanded[HOUR_FIELD] == ["*"]
+    return CronSpec(expression=normalised, has_seconds=has_seconds, frequent=frequent)
+
+
+def next_fire(spec: CronSpec, timezone: str, after: dt.datetime) -> dt.datetime:
+    """The first fire instant strictly after `after` (aware, any offset), as an aware UTC datetime."""
+    return upcoming(spec, timezone, after, 1)[0]
+
+
+def upcoming(spec: CronSpec, timezone: str, after: dt.datetime, count: int) -> list[dt.datetime]:
+    """The next `count` fire instants strictly after `after`, strictly increasing, in UTC.
+
+    Fewer than `count` only when the expression stops firing: no fire time within
+    MAX_YEARS_BETWEEN_FIRES years after the last one returned.
+    """
+    if not 1 <= count <= MAX_UPCOMING:
+        raise ValueError(f"count must be between 1 and {MAX_UPCOMING}, got {count}")
+    if after.tzinfo is None or after.utcoffset() is None:
+        raise ValueError("naive datetime; pass an aware datetime")
+    zone = load_zone(timezone)
+    fires: list[dt.datetime] = []
+    try:
+        for instant in _fire_instants(spec, zone, after.astimezone(UTC)):
+            fires.append(instant)
+            if len(fires) == count:
+                break
+    except OverflowError:
+        # datetime ends with year 9999: what was found before that is all there is.
+        pass
+    if not fires:
+        raise CronError(
+            "cron",
+            f"cron expression {spec.expression!r} never fires (no fire time within {MAX_YEARS_BETWEEN_FIRES} years)",
+        )
+    return fires
+
+
+def load_zone(name: str) -> ZoneInfo:
+    # "localtime" is whatever the host is configured with: not a zone a job can name.
+    if name == "localtime":
+        raise CronError("timezone", f"unknown IANA time zone {name!r}")
+    try:
+        return ZoneInfo(name)
+    # OSError: a directory of zones ("America") or an unreadable file is not a zone either.
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise CronError("timezone", f"unknown IANA time zone {name!r}") from exc
+
+
+def _check_field_chars(expression: str, name: str, value: str) -> None:
+    upper = value.upper()
+    names = _NAMES.get(name)
+    if names is not None:
+        upper = names.sub("", upper)
+    for char in upper:
+        if char not in _ALLOWED_CHARS[name]:
+            if char == "H":
+                reason = "hashed 'H' values are not supported"
+            elif char == "R":
+                reason = "random 'R' values are not supported"
+            else:
+                reason = f"unexpected character {char!r}"
+            raise CronError("cron", f"invalid cron expression {expression!r}: {name} field {value!r}: {reason}")
+
+
+def _first_line(exc: Exception) -> str:
+    # croniter wraps unexpected parse errors with a whole traceback as the message.
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class _Overlap:
+    """A fall-back: wall times in [start_wall, end_wall) occur twice."""
+
+    start_wall: dt.datetime
+    end_wall: dt.datetime
+
+
+def _fire_instants(spec: CronSpec, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
+    """Every fire instant strictly after `after` (UTC), increasing, each instant once."""
+    last = after
+    for instant in _candidate_instants(spec, zone, after):
+        # Gap wall times collapse into one instant, which must fire once.
+        if instant > last:
+            last = instant
+            yield instant
+
+
+def _candidate_instants(spec: CronSpec, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
+    """Fire instants in non-decreasing order, starting after `after`; may repeat an instant.
+
+    Walls are enumerated in order, and the first occurrence of each maps to instants in the
+    same order. Second occurrences (frequent schedules only) are the exception: those of
+    one overlap all come after its first pass and before any later wall time, so they are
+    held back until the enumeration leaves the overlap.
+    """
+    local_after = after.astimezone(zone)
+    wall_after = local_after.replace(tzinfo=None)
+    pending: _Overlap | None = None
+    if _is_ambiguous(zone, wall_after):
+        overlap = _overlap_at(zone, wall_after)
+        if local_after.fold == 0:
+            # In the first pass: the rest of it comes first, then the whole second pass,
+            # including wall times earlier than `wall_after`.
+            walls = _walls(spec, wall_after, inclusive=False)
+            if spec.frequent:
+                pending = overlap
+        else:
+            # In the second pass: the first pass is over, so the rest of the second pass
+            # comes first, then wall times from the end of the overlap.
+            if spec.frequent:
+                yield from _second_pass(spec, zone, overlap, wall_after, inclusive=False)
+            walls = _walls(spec, overlap.end_wall, inclusive=True)
+    else:
+        walls = _walls(spec, wall_after, inclusive=False)
+
+    for wall in walls:
+        if pending is not None and wall >= pending.end_wall:
+            yield from _second_pass(spec, zone, pending, pending.start_wall, inclusive=True)
+            pending = None
+        if not _exists(zone, wall):
+            yield _gap_end(zone, wall)
+        elif _is_ambiguous(zone, wall):
+            if spec.frequent and pending is None:
+                pending = _overlap_at(zone, wall)
+            yield min(_instant(zone, wall, fold=0), _instant(zone, wall, fold=1))
+        else:
+            yield _instant(zone, wall, fold=0)
+    # The expression stopped firing while an overlap was open.
+    if pending is not None:
+        yield from _second_pass(spec, zone, pending, pending.start_wall, inclusive=True)
+
+
+def _second_pass(
+    spec: CronSpec, zone: ZoneInfo, overlap: _Overlap, start: dt.datetime, *, inclusive: bool
+) -> Iterator[dt.datetime]:
+    """Second occurrences (fold=1) of the matching wall times from `start` to the end of `overlap`."""
+    for wall in _walls(spec, start, inclusive=inclusive):
+        if wall >= overlap.end_wall:
+            return
+        yield _instant(zone, wall, fold=1)
+
+
+def _walls(spec: CronSpec, start: dt.datetime, *, inclusive: bool) -> Iterator[dt.datetime]:
+    """Matching naive wall times after (or from) `start`, until none within the year bound."""
+    # croniter goes through float timestamps, which cannot hold every microsecond of a
+    # present-day date exactly; whole seconds round-trip, and cron times are whole seconds.
+    begin = start.replace(microsecond=0)
+    if inclusive and begin == start:
+        begin -= dt.timedelta(seconds=1)
+    walls = croniter(
+        spec.expression,
+        begin,
+        ret_type=dt.datetime,
+        max_years_between_matches=MAX_YEARS_BETWEEN_FIRES,
+        second_at_beginning=spec.has_seconds,
+    )
+    while True:
+        try:
+            wall = walls.get_next(dt.datetime)
+        except CroniterBadDateError:
+            return
+        yield wall
+
+
+def _instant(zone: ZoneInfo, wall: dt.datetime, *, fold: int) -> dt.datetime:
+    return wall.replace(tzinfo=zone, fold=fold).astimezone(UTC)
+
+
+def _exists(zone: ZoneInfo, wall: dt.datetime) -> bool:
+    # A wall time in a gap does not survive the round trip through UTC.
+    return _instant(zone, wall, fold=0).astimezone(zone).replace(tzinfo=None) == wall
+
+
+def _is_ambiguous(zone: ZoneInfo, wall: dt.datetime) -> bool:
+    # Only meaningful for existing wall times: those in a gap also differ by fold.
+    return _exists(zone, wall) and (
+        wall.replace(tzinfo=zone, fold=0).utcoffset() != wall.replace(tzinfo=zone, fold=1).utcoffset()
+    )
+
+
+def _gap_end(zone: ZoneInfo, wall: dt.datetime) -> dt.datetime:
+    """The instant the clock resumes after the gap that swallows `wall`."""
+    # The two readings of a missing wall time lie on either side of the transition.
+    earlier, later = sorted((_instant(zone, wall, fold=0), _instant(zone, wall, fold=1)))
+    return _transition_between(zone, earlier, later)
+
+
+def _overlap_at(zone: ZoneInfo, wall: dt.datetime) -> _Overlap:
+    """The fall-back whose repeated wall times include the ambiguous `wall`."""
+    first = wall.replace(tzinfo=zone, fold=0)
+    second = wall.replace(tzinfo=zone, fold=1)
+    first_offset, second_offset = first.utcoffset(), second.utcoffset()
+    assert first_offset is not None and second_offset is not None
+    transition = _transition_between(zone, first.astimezone(UTC), second.astimezone(UTC))
+    start_wall = transition.astimezone(zone).replace(tzinfo=None)
+    return _Overlap(start_wall=start_wall, end_wall=start_wall + (first_offset - second_offset))
+
+
+def _transition_between(zone: ZoneInfo, earlier: dt.datetime, later: dt.datetime) -> dt.datetime:
+    """The instant in (earlier, later] from which `later`'s UTC offset applies.
+
+    Assumes one transition in between, which holds for the two readings of one wall time.
+    tzdata transitions fall on whole seconds, so a bisection over seconds is exact.
+    """
+    target = later.astimezone(zone).utcoffset()
+    low = math.floor(earlier.timestamp())
+    high = math.ceil(later.timestamp())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if dt.datetime.fromtimestamp(middle, tz=zone).utcoffset() == target:
+            high = middle
+        else:
+            low = middle
+    return dt.datetime.fromtimestamp(high, tz=UTC)
