@@ -265,3 +265,36 @@ async def test_payload_round_trips_any_json(
     for payload in ([1, "two", None, {"deep": [True]}], "just a string", 42, None):
         job = await make_job(client, auth, target["id"], delay_s=60, payload=payload)
         assert job["payload"] == payload
+
+
+async def test_schedule_preview_shows_fire_times_with_offsets_across_dst(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine
+) -> None:
+    response = await client.get(
+        "/v1/schedules/preview",
+        params={"cron": "@daily", "timezone": "Europe/Berlin", "count": 400},
+        headers=auth,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["cron"] == "0 0 * * *" and body["timezone"] == "Europe/Berlin"
+    fires = body["fire_times"]
+    assert len(fires) == 400
+    # A year of midnights in Berlin spans both offsets; each local time is midnight.
+    assert {f["utc_offset"] for f in fires} == {"+01:00", "+02:00"}
+    for fire in fires:
+        local = dt.datetime.fromisoformat(fire["at"])
+        assert (local.hour, local.minute) == (0, 0)
+        assert local == dt.datetime.fromisoformat(fire["utc"])
+    assert await job_count(engine) == 0  # a preview creates nothing
+
+    for params, field in (
+        ({"cron": "0 0 30 2 *"}, "cron"),
+        ({"cron": "* * * * *", "timezone": "Mars/Base"}, "timezone"),
+        ({"cron": "* * * * *", "count": 0}, "count"),
+        ({}, "cron"),
+    ):
+        bad = await client.get("/v1/schedules/preview", params=params, headers=auth)
+        assert bad.status_code == 422, (params, bad.text)
+        assert bad.json()["errors"][0]["field"] == field
+    assert (await client.get("/v1/schedules/preview", params={"cron": "* * * * *"})).status_code == 401

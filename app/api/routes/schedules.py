@@ -1,0 +1,45 @@
+"""/v1/schedules: answers "when exactly will this run?" without creating anything."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from app.api.deps import Conn, TenantId
+from app.domain.cron import MAX_UPCOMING, load_zone, parse_cron, upcoming
+from app.store.jobs import db_now
+
+router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
+
+
+class FireTime(BaseModel):
+    at: dt.datetime = Field(description="Local time in the schedule's zone, with its UTC offset")
+    utc: dt.datetime
+    utc_offset: str = Field(description="e.g. +02:00")
+
+
+class SchedulePreview(BaseModel):
+    cron: str = Field(description="The expression, normalised (aliases expanded)")
+    timezone: str
+    fire_times: list[FireTime]
+
+
+@router.get("/preview", operation_id="previewSchedule")
+async def preview_schedule(
+    tenant_id: TenantId,
+    conn: Conn,
+    cron: Annotated[str, Query(min_length=1, max_length=200)],
+    timezone: Annotated[str, Query(min_length=1, max_length=64)] = "UTC",
+    count: Annotated[int, Query(ge=1, le=MAX_UPCOMING)] = 10,
+) -> SchedulePreview:
+    spec = parse_cron(cron)
+    zone = load_zone(timezone)
+    fires = upcoming(spec, timezone, await db_now(conn), count)
+    items = []
+    for instant in fires:
+        local = instant.astimezone(zone)
+        items.append(FireTime(at=local, utc=instant, utc_offset=local.isoformat()[-6:]))
+    return SchedulePreview(cron=spec.expression, timezone=timezone, fire_times=items)
