@@ -35,9 +35,22 @@ class NextStep:
     dead_letter: bool = False
 
 
-def after_attempt(ctx: AttemptContext, succeeded: bool, now: dt.datetime, rng: random.Random) -> NextStep:
-    if not succeeded and not attempts_exhausted(ctx.policy, ctx.attempt):
-        return NextStep(JobState.RETRYING, retry_delay_s=backoff_delay(ctx.policy, ctx.attempt, rng))
+def after_attempt(
+    ctx: AttemptContext,
+    succeeded: bool,
+    now: dt.datetime,
+    rng: random.Random,
+    *,
+    retryable: bool = True,
+    retry_after_s: float | None = None,
+) -> NextStep:
+    """`retryable=False` (a 404, say) dead-letters at once; `retry_after_s` (the receiver's
+    Retry-After, already capped) lengthens the backoff, never shortens it."""
+    if not succeeded and retryable and not attempts_exhausted(ctx.policy, ctx.attempt):
+        delay = backoff_delay(ctx.policy, ctx.attempt, rng)
+        if retry_after_s is not None:
+            delay = max(delay, retry_after_s)
+        return NextStep(JobState.RETRYING, retry_delay_s=delay)
     dead_letter = not succeeded
     # A recurring job keeps its schedule after a failed occurrence (as Cloud Scheduler does):
     # the occurrence is dead-lettered and the next one is scheduled.

@@ -1,7 +1,10 @@
-"""Retry backoff math: exponential with full jitter, capped. Pure; randomness is passed in."""
+"""Retry math: exponential backoff with full jitter, which statuses are worth retrying, and
+Retry-After. Pure; randomness and `now` are passed in."""
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import random
 from dataclasses import dataclass
 
@@ -29,3 +32,32 @@ def backoff_delay(policy: RetryPolicy, attempt: int, rng: random.Random) -> floa
 
 def attempts_exhausted(policy: RetryPolicy, attempt: int) -> bool:
     return attempt >= policy.max_attempts
+
+
+# Statuses worth retrying: the receiver may answer differently later. Any other 4xx says
+# the request itself is wrong (404, 401, 422...), so retrying only repeats the failure.
+RETRYABLE_4XX = frozenset({408, 425, 429})
+# Redirects are never followed, but one may be temporary (maintenance): retried.
+# A Retry-After beyond this is not honoured in full (documented in README).
+MAX_RETRY_AFTER_S = 3600.0
+
+
+def is_retryable_status(status: int) -> bool:
+    return status >= 500 or status in RETRYABLE_4XX or 300 <= status < 400
+
+
+def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
+    """Seconds to wait per a Retry-After header (delta-seconds or HTTP-date), capped at
+    MAX_RETRY_AFTER_S; None when absent or unparseable."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return min(float(text), MAX_RETRY_AFTER_S)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)  # HTTP-dates are GMT
+    return min(max((when - now).total_seconds(), 0.0), MAX_RETRY_AFTER_S)

@@ -7,14 +7,14 @@ never followed (a 3xx is a failed attempt), every request has a total deadline, 
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import datetime as dt
 import json
 import time
-from typing import Any
 
 import aiohttp
 
+from app.domain.retry import is_retryable_status, parse_retry_after
 from app.domain.signing import sign
 from app.store.jobs import ClaimedJob
 from app.store.runs import AttemptOutcome
@@ -86,6 +86,7 @@ class Dispatcher:
             ) as response:
                 excerpt = await _read_capped(response)
                 status = response.status
+                retry_after_header = response.headers.get("Retry-After")
         except TimeoutError:
             return _outcome("timeout", None, f"no response within {timeout_s:g}s", started, started_wall)
         except aiohttp.ClientError as exc:
@@ -95,10 +96,15 @@ class Dispatcher:
             return _outcome("connection_error", None, _describe(exc), started, started_wall)
         if 200 <= status < 300:
             return _outcome("success", status, None, started, started_wall)
-        error = f"HTTP {status}"
+        retryable = is_retryable_status(status)
+        error = f"HTTP {status}" + ("" if retryable else " (not retryable)")
         if excerpt:
             error += ": " + excerpt.decode("utf-8", "replace")[:ERROR_EXCERPT_CHARS]
-        return _outcome("http_error", status, error, started, started_wall)
+        outcome = _outcome("http_error", status, error, started, started_wall)
+        answered_at = started_wall + dt.timedelta(milliseconds=outcome.duration_ms or 0)
+        return dataclasses.replace(
+            outcome, retryable=retryable, retry_after_s=parse_retry_after(retry_after_header, answered_at)
+        )
 
 
 async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
@@ -134,8 +140,3 @@ def _storable(text: str | None) -> str | None:
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:ERROR_EXCERPT_CHARS]
-
-
-async def wait_closed(tasks: set[asyncio.Task[Any]]) -> None:
-    if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)

@@ -154,7 +154,14 @@ class Scheduler:
         started_wall = job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
         result = await self._dispatcher.deliver(job, started_wall)
         now = job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
-        step = after_attempt(job.attempt_context(), result.succeeded, now, self._rng)
+        step = after_attempt(
+            job.attempt_context(),
+            result.succeeded,
+            now,
+            self._rng,
+            retryable=result.retryable,
+            retry_after_s=result.retry_after_s,
+        )
         applied = await self._recorder.record(FinishedAttempt(job, result, step), claimed_mono + self.config.lease_s)
         if not applied:
             log_event(

@@ -21,6 +21,9 @@ class AttemptOutcome:
     error: str | None = None
     duration_ms: int | None = None
     started_at: dt.datetime | None = None
+    # Not stored: they steer what happens next (app/domain/lifecycle.py).
+    retryable: bool = True
+    retry_after_s: float | None = None
 
     @property
     def succeeded(self) -> bool:

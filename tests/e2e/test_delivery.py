@@ -245,3 +245,31 @@ async def test_a_receiver_body_postgres_cannot_store_is_recorded_cleanly(
     assert len(receiver.requests) == 6
     errors = [r["error"] for j in jobs for r in await get_runs(client, auth, j["id"]) if r["error"]]
     assert len(errors) == 1 and errors[0].startswith("HTTP 500: bad") and "\x00" not in errors[0]
+
+
+async def test_a_non_retryable_answer_dead_letters_at_once_and_retry_after_is_honoured(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    gone_target = await make_target(client, auth, receiver.url("/gone"))
+    receiver.script = [Reply(status=404, body=b"no such hook")]
+    gone = await make_job(client, auth, gone_target["id"], max_attempts=5, backoff_base_s=0.05)
+
+    async def dead() -> bool:
+        return (await get_job(client, auth, gone["id"]))["state"] == "dead"
+
+    await drive(scheduler, dead, message="404 dead-lettered")
+    (run,) = await get_runs(client, auth, gone["id"])
+    assert run["status_code"] == 404 and "not retryable" in run["error"]
+    assert len((await client.get("/v1/dead-letters", headers=auth)).json()["items"]) == 1
+
+    busy_target = await make_target(client, auth, receiver.url("/busy"))
+    receiver.script = [Reply(status=429, headers={"Retry-After": "1"})]
+    busy = await make_job(client, auth, busy_target["id"], max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.02)
+
+    async def succeeded() -> bool:
+        return (await get_job(client, auth, busy["id"]))["state"] == "succeeded"
+
+    await drive(scheduler, succeeded, message="429 then success")
+    first, second = [r for r in receiver.requests if r.path == "/busy"]
+    # The backoff alone would be at most 20 ms; the receiver asked for a second.
+    assert second.at - first.at >= 0.95

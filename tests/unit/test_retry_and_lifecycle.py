@@ -8,7 +8,15 @@ import random
 import pytest
 
 from app.domain.lifecycle import AttemptContext, after_attempt
-from app.domain.retry import RetryPolicy, attempts_exhausted, backoff_ceiling, backoff_delay
+from app.domain.retry import (
+    MAX_RETRY_AFTER_S,
+    RetryPolicy,
+    attempts_exhausted,
+    backoff_ceiling,
+    backoff_delay,
+    is_retryable_status,
+    parse_retry_after,
+)
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule
 from app.domain.states import JobState
 
@@ -81,3 +89,49 @@ def test_a_schedule_with_no_fire_time_left_completes_instead_of_raising() -> Non
     assert after_attempt(ctx(never, 1), True, NOW, random.Random(1)).state == JobState.SUCCEEDED
     step = after_attempt(ctx(never, 4), False, NOW, random.Random(1))
     assert step.state == JobState.DEAD and step.dead_letter
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"),
+    [
+        *[(status, True) for status in (500, 502, 503, 599, 408, 425, 429, 302)],
+        *[(status, False) for status in (400, 401, 403, 404, 410, 422)],
+    ],
+)
+def test_which_statuses_are_retried(status: int, retryable: bool) -> None:
+    assert is_retryable_status(status) is retryable
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, None),
+        ("120", 120.0),
+        (" 7 ", 7.0),
+        ("999999", MAX_RETRY_AFTER_S),
+        ("Sun, 01 Mar 2026 12:01:00 GMT", 30.0),  # NOW is 12:00:30
+        ("Sun, 01 Mar 2026 11:00:00 GMT", 0.0),  # in the past: no extra wait
+        ("-5", None),
+        ("soon", None),
+        ("", None),
+    ],
+)
+def test_retry_after_seconds_and_http_dates(header: str | None, expected: float | None) -> None:
+    assert parse_retry_after(header, NOW) == expected
+
+
+def test_non_retryable_failure_dead_letters_on_the_first_attempt() -> None:
+    step = after_attempt(ctx(ONCE, 1), False, NOW, random.Random(1), retryable=False)
+    assert step.state == JobState.DEAD and step.dead_letter
+    step = after_attempt(ctx(CRON, 1), False, NOW, random.Random(1), retryable=False)
+    assert step.state == JobState.SCHEDULED and step.dead_letter
+
+
+def test_retry_after_lengthens_but_never_shortens_the_backoff() -> None:
+    long_wait = after_attempt(ctx(ONCE, 1), False, NOW, random.Random(1), retry_after_s=90.0)
+    assert long_wait.retry_delay_s == 90.0
+    # Attempt 4 of a 5-attempt policy: ceiling 10 s; a 0 s Retry-After keeps the jittered delay.
+    policy_ctx = AttemptContext(ONCE, NOW, NOW, 1, RetryPolicy(5, 8.0, 10.0))
+    short = after_attempt(policy_ctx, False, NOW, random.Random(3), retry_after_s=0.0)
+    plain = after_attempt(policy_ctx, False, NOW, random.Random(3))
+    assert short.retry_delay_s == plain.retry_delay_s
