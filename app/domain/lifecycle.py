@@ -33,6 +33,8 @@ class NextStep:
     retry_delay_s: float | None = None
     # The failed occurrence goes to the dead-letter queue.
     dead_letter: bool = False
+    # A recurring schedule that can no longer produce a fire time ended the job.
+    schedule_ended: bool = False
 
 
 def after_attempt(
@@ -54,12 +56,15 @@ def after_attempt(
     dead_letter = not succeeded
     # A recurring job keeps its schedule after a failed occurrence (as Cloud Scheduler does):
     # the occurrence is dead-lettered and the next one is scheduled.
+    schedule_ended = False
     try:
         next_at = next_fire_after_occurrence(ctx.schedule, ctx.scheduled_for, ctx.anchor, now)
     except ScheduleError:
         # The schedule has no fire time left (e.g. a date that has passed): it is complete.
         # Raising here would leave the job running and the reaper re-delivering it.
-        next_at = None
+        next_at, schedule_ended = None, True
     if next_at is not None:
         return NextStep(JobState.SCHEDULED, next_occurrence_at=next_at, dead_letter=dead_letter)
-    return NextStep(JobState.DEAD if dead_letter else JobState.SUCCEEDED, dead_letter=dead_letter)
+    return NextStep(
+        JobState.DEAD if dead_letter else JobState.SUCCEEDED, dead_letter=dead_letter, schedule_ended=schedule_ended
+    )

@@ -68,7 +68,7 @@ class Reaper:
             # We hold the rows' locks, so every one applies; the guard stays as a backstop.
             applied = await job_finish_attempts(conn, items)
         for item in items:
-            if item.job.id not in applied:
+            if item.lease not in applied:
                 continue
             counts["dead_lettered" if item.step.dead_letter else "rescued"] += 1
             log_event(

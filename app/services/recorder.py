@@ -73,7 +73,8 @@ class OutcomeRecorder:
                             job_id=str(pending.item.job.id),
                             error=type(exc).__name__,
                         )
-                        pending.done.set_result(False)
+                        if not pending.done.done():
+                            pending.done.set_result(False)
                 self._pending = keep + self._pending
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -81,7 +82,7 @@ class OutcomeRecorder:
             backoff = 0.1
             for pending in batch:
                 if not pending.done.done():
-                    pending.done.set_result(pending.item.job.id in applied)
+                    pending.done.set_result(pending.item.lease in applied)
 
     async def _write_one_by_one(self, batch: list[_Pending]) -> None:
         """After a non-transient error, isolate the bad outcome so it cannot sink the others."""
@@ -90,6 +91,10 @@ class OutcomeRecorder:
                 async with self._engine.begin() as conn:
                     applied = await job_finish_attempts(conn, [pending.item])
             except Exception as exc:
+                if is_transient_db_error(exc):
+                    # The database went away meanwhile: back to the queue, retried with backoff.
+                    self._pending.append(pending)
+                    continue
                 log_event(
                     logger, "outcome_rejected", logging.ERROR, job_id=str(pending.item.job.id), error=type(exc).__name__
                 )
@@ -97,7 +102,7 @@ class OutcomeRecorder:
                     pending.done.set_exception(exc)
                 continue
             if not pending.done.done():
-                pending.done.set_result(pending.item.job.id in applied)
+                pending.done.set_result(pending.item.lease in applied)
 
     async def drain(self) -> None:
         """Waits for outcomes already handed over to be written (shutdown)."""

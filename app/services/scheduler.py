@@ -22,7 +22,7 @@ from app.services.dispatcher import Dispatcher
 from app.services.loop import run_forever
 from app.services.recorder import OutcomeRecorder
 from app.settings import Settings
-from app.store.jobs import ClaimedJob, FinishedAttempt, job_claim_due
+from app.store.jobs import ClaimedJob, FinishedAttempt, job_claim_due, job_release_claim
 from app.store.runs import AttemptOutcome
 
 logger = logging.getLogger(__name__)
@@ -144,11 +144,11 @@ class Scheduler:
     async def _deliver(self, job: ClaimedJob, claimed_mono: float) -> None:
         # Trust the lease only while it can still outlive the POST: after a stall (event loop
         # starved, process paused) the reaper may already have handed the job to someone else.
-        trusted_until = (
-            claimed_mono + self.config.lease_s - self.config.max_target_timeout_s - self.config.lease_margin_s
-        )
-        if time.monotonic() > trusted_until:
-            log_event(logger, "lease_untrusted_skip", logging.WARNING, job_id=str(job.id), attempt=job.attempt)
+        if time.monotonic() > claimed_mono + self.config.post_start_window_s:
+            # No POST was made: hand the job back without counting the attempt.
+            async with self._engine.begin() as conn:
+                released = await job_release_claim(conn, job)
+            log_event(logger, "lease_untrusted_released", logging.WARNING, job_id=str(job.id), released=released)
             return
         # The signed timestamp is on the database clock: claim time plus local elapsed time.
         started_wall = job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
@@ -173,6 +173,8 @@ class Scheduler:
                 outcome=result.outcome,
             )
             return
+        if step.schedule_ended:
+            log_event(logger, "schedule_ended", logging.WARNING, job_id=str(job.id), state=step.state.value)
         _log_outcome(job, result, step.state.value, step.dead_letter)
 
 

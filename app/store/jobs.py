@@ -12,7 +12,22 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import DateTime, Double, Integer, Text, and_, case, cast, column, func, or_, select, update, values
+from sqlalchemy import (
+    DateTime,
+    Double,
+    Integer,
+    Text,
+    and_,
+    case,
+    cast,
+    column,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+    values,
+)
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -236,7 +251,10 @@ async def job_release_claim(conn: AsyncConnection, job: ClaimedJob) -> bool:
         update(jobs)
         .where(jobs.c.id == job.id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == job.lease_token)
         .values(
-            state=case((jobs.c.attempt > 1, JobState.RETRYING), else_=JobState.SCHEDULED),
+            state=case(
+                (jobs.c.attempt > 1, cast(literal(JobState.RETRYING.value), job_state)),
+                else_=cast(literal(JobState.SCHEDULED.value), job_state),
+            ),
             attempt=jobs.c.attempt - 1,
             run_at=func.now(),
             lease_owner=None,
@@ -255,6 +273,10 @@ class FinishedAttempt:
     result: AttemptOutcome
     step: NextStep
 
+    @property
+    def lease(self) -> tuple[uuid.UUID, uuid.UUID]:
+        return (self.job.id, self.job.lease_token)
+
 
 def _outcome_row(item: FinishedAttempt) -> dict[str, Any]:
     step = item.step
@@ -270,15 +292,18 @@ def _outcome_row(item: FinishedAttempt) -> dict[str, Any]:
     }
 
 
-async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt]) -> set[uuid.UUID]:
+async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
     """Records attempts' outcomes and moves their jobs on, each guarded by its lease token.
 
     One UPDATE for the whole batch (group commit), then the runs and dead letters of the
-    jobs it matched. Returns the ids applied; a job missing from it was fenced (reaped or
-    cancelled meanwhile): its outcome is not applied and no run is written for it here.
+    jobs it matched. Returns the (job id, lease token) pairs applied; an attempt missing
+    from it was fenced (reaped or cancelled meanwhile): its outcome is not applied and no
+    run is written for it here.
     """
     if not items:
         return set()
+    # One outcome per lease: the same claim handed over twice must not write two runs.
+    items = list({item.lease: item for item in items}.values())
     outcome = values(
         column("id", UUID(as_uuid=True)),
         column("lease_token", UUID(as_uuid=True)),
@@ -323,16 +348,18 @@ async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt
             occurrences_run=jobs.c.occurrences_run + case((retrying, 0), else_=1),
             finished_at=case((retrying | scheduled, None), else_=func.now()),
         )
-        .returning(jobs.c.id)
+        .returning(jobs.c.id, outcome.c.lease_token)
     )
-    applied = set((await conn.execute(stmt)).scalars().all())
-    done = [item for item in items if item.job.id in applied]
+    # Matched by (id, token): a stale outcome for the same job in this batch is not "applied".
+    applied_leases = {(row.id, row.lease_token) for row in await conn.execute(stmt)}
+    done = [item for item in items if item.lease in applied_leases]
+
     if done:
         await run_insert_many(conn, [run_values(item.job, item.result) for item in done])
     letters = [dead_letter_values(item.job, item.result) for item in done if item.step.dead_letter]
     if letters:
         await dead_letter_insert_many(conn, letters)
-    return applied
+    return applied_leases
 
 
 def run_values(job: ClaimedJob, result: AttemptOutcome) -> dict[str, Any]:

@@ -32,6 +32,8 @@ def decode_time_id_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
         created = parsed.astimezone(dt.UTC)
         if not MIN_TIME <= created <= MAX_TIME:
             raise ValueError("cursor time out of range")
+        if not isinstance(ident, str):
+            raise TypeError("cursor id must be a string")
         return created, uuid.UUID(ident)
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidCursor("invalid cursor") from exc

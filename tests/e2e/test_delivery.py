@@ -273,3 +273,24 @@ async def test_a_non_retryable_answer_dead_letters_at_once_and_retry_after_is_ho
     first, second = [r for r in receiver.requests if r.path == "/busy"]
     # The backoff alone would be at most 20 ms; the receiver asked for a second.
     assert second.at - first.at >= 0.95
+
+
+async def test_a_claim_too_old_to_trust_is_released_without_a_post(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, engine: AsyncEngine, scheduler: Scheduler
+) -> None:
+    import time as time_module
+
+    from app.store.jobs import job_claim_due
+
+    target = await make_target(client, auth, receiver.url())
+    job = await make_job(client, auth, target["id"], max_attempts=1)
+    async with engine.begin() as conn:
+        (claimed,) = await job_claim_due(conn, scheduler.config.replica_id, 1, scheduler.config.lease_s)
+    # As if the process had stalled since the claim for longer than the lease can cover.
+    stalled_since = time_module.monotonic() - scheduler.config.lease_s
+    await scheduler._deliver(claimed, stalled_since)
+    assert receiver.requests == []
+    released = await get_job(client, auth, job["id"])
+    assert released["state"] == "scheduled" and released["attempt"] == 0
+    # Its single attempt is still there: the next pass delivers it.
+    await drive(scheduler, lambda: len(receiver.requests) == 1, message="delivered after release")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import uuid
 from typing import Any
@@ -171,10 +172,15 @@ async def test_out_of_range_cursors_are_400(client: httpx.AsyncClient, auth: dic
     from app.store.pagination import encode_cursor
 
     job_id = str(uuid.uuid4())
+    # A well-formed cursor whose id is a number, not a string.
+    int_id_cursor = base64.urlsafe_b64encode(b'["2026-01-01T00:00:00+00:00", 5]').decode()
     for path, cursor in (
         (f"/v1/jobs/{job_id}/runs", encode_cursor(2**70)),
         ("/v1/jobs", encode_cursor("0001-01-01T00:00:00+14:00", job_id)),
         ("/v1/jobs", encode_cursor("2026-01-01T00:00:00", job_id)),
+        ("/v1/jobs", int_id_cursor),
+        ("/v1/targets", int_id_cursor),
+        ("/v1/dead-letters", "bm90IGpzb24"),
     ):
         response = await client.get(path, params={"cursor": cursor}, headers=auth)
         assert response.status_code == 400, (path, response.text)

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.lifecycle import after_attempt
 from app.services.reaper import Reaper, ReaperConfig
-from app.store.jobs import FinishedAttempt, job_claim_due, job_finish_attempts
+from app.store.jobs import FinishedAttempt, job_claim_due, job_finish_attempts, job_release_claim
 from app.store.runs import AttemptOutcome
 from app.store.tables import dead_letters, jobs, runs
 from tests.factories import expire_leases, make_jobs, make_tenant_and_target
@@ -57,7 +57,9 @@ async def test_a_stale_lease_cannot_record_an_outcome(engine: AsyncEngine) -> No
     async with engine.begin() as conn:
         assert await job_finish_attempts(conn, [FinishedAttempt(first, success, step)]) == set()  # fenced
     async with engine.begin() as conn:
-        assert await job_finish_attempts(conn, [FinishedAttempt(second, success, step)]) == {second.id}
+        assert await job_finish_attempts(conn, [FinishedAttempt(second, success, step)]) == {
+            (second.id, second.lease_token)
+        }
     assert (await states(engine)) == Counter({"succeeded": 1})
     async with engine.connect() as conn:
         outcomes = (await conn.execute(select(runs.c.attempt, runs.c.outcome).order_by(runs.c.id))).all()
@@ -97,3 +99,40 @@ async def test_reaper_leaves_live_leases_alone(engine: AsyncEngine) -> None:
         await job_claim_due(conn, "alive", 10, 30)
     assert await Reaper(engine, ReaperConfig()).run_once() == {"rescued": 0, "dead_lettered": 0}
     assert (await states(engine)) == Counter({"running": 3})
+
+
+async def test_a_stale_and_a_current_outcome_in_one_batch_write_one_run(engine: AsyncEngine) -> None:
+    tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    await make_jobs(engine, tenant, target, 1, max_attempts=3)
+    async with engine.begin() as conn:
+        (stale,) = await job_claim_due(conn, "stalled", 10, 30)
+    await expire_leases(engine)
+    await Reaper(engine, ReaperConfig()).run_once()
+    async with engine.begin() as conn:
+        await conn.execute(jobs.update().values(run_at=func.now()).where(jobs.c.state == "retrying"))
+        (current,) = await job_claim_due(conn, "live", 10, 30)
+    success = AttemptOutcome("success", 200)
+    items = [
+        FinishedAttempt(job, success, after_attempt(job.attempt_context(), True, job.claimed_at, random.Random(1)))
+        for job in (stale, current, current)  # the current one handed over twice, too
+    ]
+    async with engine.begin() as conn:
+        assert await job_finish_attempts(conn, items) == {(current.id, current.lease_token)}
+    async with engine.connect() as conn:
+        outcomes = (await conn.execute(select(runs.c.outcome).order_by(runs.c.id))).scalars().all()
+    assert outcomes == ["lease_expired", "success"]
+
+
+async def test_releasing_a_claim_gives_the_attempt_back(engine: AsyncEngine) -> None:
+    tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    (job_id,) = await make_jobs(engine, tenant, target, 1, max_attempts=1)
+    for _ in range(2):  # released twice, still claimable with its single attempt
+        async with engine.begin() as conn:
+            (claimed,) = await job_claim_due(conn, "stalled", 10, 30)
+            assert claimed.attempt == 1
+            assert await job_release_claim(conn, claimed) is True
+            assert await job_release_claim(conn, claimed) is False  # already released
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(jobs).where(jobs.c.id == job_id))).mappings().one()
+    assert row["state"].value == "scheduled" and row["attempt"] == 0 and row["run_at"] is not None
+    assert row["lease_token"] is None

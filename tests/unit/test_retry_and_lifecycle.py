@@ -86,7 +86,8 @@ def test_recurring_out_of_attempts_dead_letters_the_occurrence_and_keeps_its_sch
 def test_a_schedule_with_no_fire_time_left_completes_instead_of_raising() -> None:
     # A stored schedule that can no longer fire must not leave its job running forever.
     never = CronSchedule("0 0 30 2 *", "UTC")
-    assert after_attempt(ctx(never, 1), True, NOW, random.Random(1)).state == JobState.SUCCEEDED
+    ended = after_attempt(ctx(never, 1), True, NOW, random.Random(1))
+    assert ended.state == JobState.SUCCEEDED and ended.schedule_ended
     step = after_attempt(ctx(never, 4), False, NOW, random.Random(1))
     assert step.state == JobState.DEAD and step.dead_letter
 
