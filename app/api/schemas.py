@@ -236,6 +236,19 @@ class DeadLetterPublic(BaseModel):
     last_status_code: int | None
     last_error: str | None
     created_at: dt.datetime
+    replayed_at: dt.datetime | None = Field(description="When it was last replayed")
+    replay_job_id: uuid.UUID | None = Field(description="The job its latest replay created")
+
+
+class DeadLetterDetail(DeadLetterPublic):
+    runs: list[RunPublic] = Field(description="The attempts of the dead-lettered occurrence")
+
+
+class DeadLetterReplay(RequestModel):
+    """Both optional: by default the replay goes to the same target with the same payload."""
+
+    payload: Annotated[JsonValue, AfterValidator(check_json_payload)] = None
+    target_id: uuid.UUID | None = None
 
 
 class Page(BaseModel, Generic[T]):

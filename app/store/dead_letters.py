@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.store.tables import dead_letters
+from app.store.tables import dead_letters, jobs, runs
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    job_id: uuid.UUID | None = None
+    target_id: uuid.UUID | None = None
+    since: dt.datetime | None = None  # created_at >= since
+    until: dt.datetime | None = None  # created_at < until
+    last_status_code: int | None = None
 
 
 async def dead_letter_insert_many(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
@@ -25,11 +35,19 @@ async def dead_letter_list(
     tenant_id: uuid.UUID,
     limit: int,
     after: tuple[dt.datetime, uuid.UUID] | None,
-    job_id: uuid.UUID | None = None,
+    where: DeadLetterFilter = DeadLetterFilter(),
 ) -> list[RowMapping]:
     stmt = select(dead_letters).where(dead_letters.c.tenant_id == tenant_id)
-    if job_id is not None:
-        stmt = stmt.where(dead_letters.c.job_id == job_id)
+    if where.job_id is not None:
+        stmt = stmt.where(dead_letters.c.job_id == where.job_id)
+    if where.target_id is not None:
+        stmt = stmt.where(dead_letters.c.target_id == where.target_id)
+    if where.since is not None:
+        stmt = stmt.where(dead_letters.c.created_at >= where.since)
+    if where.until is not None:
+        stmt = stmt.where(dead_letters.c.created_at < where.until)
+    if where.last_status_code is not None:
+        stmt = stmt.where(dead_letters.c.last_status_code == where.last_status_code)
     if after is not None:
         created, ident = after
         stmt = stmt.where(
@@ -40,3 +58,45 @@ async def dead_letter_list(
         )
     stmt = stmt.order_by(dead_letters.c.created_at.desc(), dead_letters.c.id.desc()).limit(limit)
     return list((await conn.execute(stmt)).mappings().all())
+
+
+async def dead_letter_get(conn: AsyncConnection, tenant_id: uuid.UUID, dead_letter_id: uuid.UUID) -> RowMapping | None:
+    """The dead letter with the original job's name and retry policy (for replays)."""
+    stmt = (
+        select(
+            dead_letters,
+            jobs.c.name.label("job_name"),
+            jobs.c.max_attempts,
+            jobs.c.backoff_base_s,
+            jobs.c.backoff_max_s,
+            jobs.c.priority,
+        )
+        .join(jobs, jobs.c.id == dead_letters.c.job_id)
+        .where(dead_letters.c.id == dead_letter_id, dead_letters.c.tenant_id == tenant_id)
+    )
+    return (await conn.execute(stmt)).mappings().one_or_none()
+
+
+async def dead_letter_runs(conn: AsyncConnection, occurrence_id: uuid.UUID) -> list[RowMapping]:
+    """The attempts of the occurrence that was dead-lettered, oldest first."""
+    stmt = select(runs).where(runs.c.occurrence_id == occurrence_id).order_by(runs.c.id)
+    return list((await conn.execute(stmt)).mappings().all())
+
+
+async def dead_letter_mark_replayed(
+    conn: AsyncConnection, tenant_id: uuid.UUID, dead_letter_id: uuid.UUID, replay_job_id: uuid.UUID
+) -> None:
+    await conn.execute(
+        update(dead_letters)
+        .where(dead_letters.c.id == dead_letter_id, dead_letters.c.tenant_id == tenant_id)
+        .values(replayed_at=func.now(), replay_job_id=replay_job_id)
+    )
+
+
+async def dead_letter_delete(conn: AsyncConnection, tenant_id: uuid.UUID, dead_letter_id: uuid.UUID) -> bool:
+    stmt = (
+        delete(dead_letters)
+        .where(dead_letters.c.id == dead_letter_id, dead_letters.c.tenant_id == tenant_id)
+        .returning(dead_letters.c.id)
+    )
+    return (await conn.execute(stmt)).first() is not None

@@ -196,6 +196,9 @@ dead_letters = Table(
     Column("last_status_code", Integer),
     Column("last_error", Text),
     _ts("created_at", nullable=False, default_now=True),
+    # The latest replay of this dead letter: a new one-off job.
+    _ts("replayed_at"),
+    Column("replay_job_id", UUID(as_uuid=True)),
     # One dead letter per occurrence, even if two processes race to write it.
     UniqueConstraint("occurrence_id"),
     Index("ix_dead_letters_tenant_created", "tenant_id", "created_at", "id"),

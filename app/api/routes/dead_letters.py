@@ -1,18 +1,37 @@
-"""/v1/dead-letters: occurrences that exhausted their attempts."""
+"""/v1/dead-letters: occurrences that exhausted their attempts; inspect, replay, delete."""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Body, Query, Response
+from pydantic import AwareDatetime
 
-from app.api.deps import Conn, TenantId
-from app.api.schemas import DeadLetterPublic, Page, page_of
-from app.store.dead_letters import dead_letter_list
+from app.api.deps import Conn, SettingsDep, TenantId
+from app.api.errors import Problem
+from app.api.routes.jobs import ensure_payload_fits
+from app.api.schemas import (
+    DeadLetterDetail,
+    DeadLetterPublic,
+    DeadLetterReplay,
+    JobPublic,
+    Page,
+    RunPublic,
+    job_public,
+    page_of,
+)
+from app.domain.retry import RetryPolicy
+from app.domain.schedule import OnceSchedule
+from app.store import dead_letters as store
+from app.store.jobs import NewJob, db_now, job_create
 from app.store.pagination import decode_time_id_cursor
+from app.store.targets import target_lock_live
 
 router = APIRouter(prefix="/v1/dead-letters", tags=["dead-letters"])
+
+NOT_FOUND = "dead letter not found"
 
 
 @router.get("", operation_id="listDeadLetters")
@@ -20,9 +39,82 @@ async def list_dead_letters(
     tenant_id: TenantId,
     conn: Conn,
     job_id: uuid.UUID | None = None,
+    target_id: uuid.UUID | None = None,
+    since: Annotated[AwareDatetime | None, Query(description="created at or after (RFC 3339)")] = None,
+    until: Annotated[AwareDatetime | None, Query(description="created before (RFC 3339)")] = None,
+    status_code: Annotated[int | None, Query(ge=100, le=599, description="last HTTP status")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
 ) -> Page[DeadLetterPublic]:
     after = decode_time_id_cursor(cursor) if cursor else None
-    rows = await dead_letter_list(conn, tenant_id, limit + 1, after, job_id=job_id)
+    where = store.DeadLetterFilter(
+        job_id=job_id,
+        target_id=target_id,
+        since=_utc(since, "since"),
+        until=_utc(until, "until"),
+        last_status_code=status_code,
+    )
+    rows = await store.dead_letter_list(conn, tenant_id, limit + 1, after, where)
     return page_of(rows, limit, lambda row: DeadLetterPublic.model_validate(dict(row)))
+
+
+@router.get("/{dead_letter_id}", operation_id="getDeadLetter")
+async def get_dead_letter(dead_letter_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> DeadLetterDetail:
+    row = await store.dead_letter_get(conn, tenant_id, dead_letter_id)
+    if row is None:
+        raise Problem(404, NOT_FOUND, slug="not-found")
+    attempts = [RunPublic.model_validate(dict(r)) for r in await store.dead_letter_runs(conn, row["occurrence_id"])]
+    return DeadLetterDetail.model_validate({**dict(row), "runs": attempts})
+
+
+@router.post("/{dead_letter_id}/replay", status_code=201, operation_id="replayDeadLetter")
+async def replay_dead_letter(
+    dead_letter_id: uuid.UUID,
+    tenant_id: TenantId,
+    conn: Conn,
+    settings: SettingsDep,
+    body: Annotated[DeadLetterReplay | None, Body()] = None,
+) -> JobPublic:
+    """A fresh one-off job, due now, with fresh attempts and the original job's retry policy."""
+    row = await store.dead_letter_get(conn, tenant_id, dead_letter_id)
+    if row is None:
+        raise Problem(404, NOT_FOUND, slug="not-found")
+    overrides = body.model_dump(exclude_unset=True) if body is not None else {}
+    payload = overrides.get("payload", row["payload"])
+    target_id = overrides.get("target_id") or row["target_id"]
+    ensure_payload_fits(payload, settings)
+    if not await target_lock_live(conn, tenant_id, target_id):
+        detail = "no such target" if "target_id" in overrides else "the target was deleted; pass another target_id"
+        raise Problem(422, detail, slug="validation", field="target_id")
+    now = await db_now(conn)
+    job = await job_create(
+        conn,
+        NewJob(
+            tenant_id=tenant_id,
+            target_id=target_id,
+            name=row["job_name"],
+            payload=payload,
+            priority=row["priority"],
+            schedule=OnceSchedule(now),
+            first_fire_at=now,
+            policy=RetryPolicy(row["max_attempts"], row["backoff_base_s"], row["backoff_max_s"]),
+        ),
+    )
+    await store.dead_letter_mark_replayed(conn, tenant_id, dead_letter_id, job["id"])
+    return job_public(job)
+
+
+@router.delete("/{dead_letter_id}", status_code=204, operation_id="deleteDeadLetter")
+async def delete_dead_letter(dead_letter_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> Response:
+    if not await store.dead_letter_delete(conn, tenant_id, dead_letter_id):
+        raise Problem(404, NOT_FOUND, slug="not-found")
+    return Response(status_code=204)
+
+
+def _utc(value: dt.datetime | None, field: str) -> dt.datetime | None:
+    if value is None:
+        return None
+    try:
+        return value.astimezone(dt.UTC)
+    except OverflowError:
+        raise Problem(422, "is outside the supported range", slug="validation", field=field) from None

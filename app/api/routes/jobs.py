@@ -14,6 +14,7 @@ from app.api.schemas import JobCreate, JobPublic, Page, RunPublic, job_public, p
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import resolve_schedule
 from app.domain.states import JobState
+from app.settings import Settings
 from app.store import jobs as store
 from app.store.pagination import decode_int_cursor, decode_time_id_cursor, encode_cursor
 from app.store.runs import run_list_for_job
@@ -24,9 +25,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 NOT_FOUND = "job not found"
 
 
-@router.post("", status_code=201, operation_id="createJob")
-async def create_job(body: JobCreate, tenant_id: TenantId, conn: Conn, settings: SettingsDep) -> JobPublic:
-    payload_size = len(json.dumps(body.payload, separators=(",", ":")).encode())
+def ensure_payload_fits(payload: object, settings: Settings) -> None:
+    payload_size = len(json.dumps(payload, separators=(",", ":")).encode())
     if payload_size > settings.max_payload_bytes:
         raise Problem(
             413,
@@ -34,6 +34,11 @@ async def create_job(body: JobCreate, tenant_id: TenantId, conn: Conn, settings:
             slug="payload-too-large",
             field="payload",
         )
+
+
+@router.post("", status_code=201, operation_id="createJob")
+async def create_job(body: JobCreate, tenant_id: TenantId, conn: Conn, settings: SettingsDep) -> JobPublic:
+    ensure_payload_fits(body.payload, settings)
     policy = RetryPolicy(
         max_attempts=body.max_attempts or settings.default_max_attempts,
         backoff_base_s=body.backoff_base_s or settings.default_backoff_base_s,

@@ -1,0 +1,130 @@
+"""The dead-letter queue API: filter, inspect, replay (as is or overridden), delete."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.services.scheduler import Scheduler, SchedulerConfig
+from app.settings import Settings
+from tests.conftest import make_job, make_target, new_tenant
+from tests.receiver import Receiver, Reply, wait_for
+
+
+@pytest.fixture
+async def scheduler(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Scheduler]:
+    sched = Scheduler(engine, SchedulerConfig.from_settings(settings))
+    try:
+        yield sched
+    finally:
+        await sched.close(grace_s=5)
+
+
+async def letters(client: httpx.AsyncClient, auth: dict[str, str], **params: Any) -> list[dict[str, Any]]:
+    response = await client.get("/v1/dead-letters", params=params, headers=auth)
+    assert response.status_code == 200, response.text
+    items: list[dict[str, Any]] = response.json()["items"]
+    return items
+
+
+async def dead_letter_jobs(
+    client: httpx.AsyncClient, auth: dict[str, str], scheduler: Scheduler, target_id: str, count: int
+) -> list[dict[str, Any]]:
+    jobs = [
+        await make_job(client, auth, target_id, payload={"n": i}, max_attempts=2, backoff_base_s=0.01)
+        for i in range(count)
+    ]
+
+    async def all_dead() -> bool:
+        await scheduler.run_once()
+        states = [(await client.get(f"/v1/jobs/{j['id']}", headers=auth)).json()["state"] for j in jobs]
+        return states == ["dead"] * count
+
+    await wait_for(all_dead, timeout=15, message="jobs dead-lettered")
+    return jobs
+
+
+async def test_inspect_filter_replay_and_delete(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler, engine: AsyncEngine
+) -> None:
+    receiver.default = Reply(status=503, body=b"overloaded")
+    failing = await make_target(client, auth, receiver.url("/a"))
+    other = await make_target(client, auth, receiver.url("/b"))
+    before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+    await dead_letter_jobs(client, auth, scheduler, failing["id"], 2)
+    receiver.default = Reply(status=500)
+    (other_job,) = await dead_letter_jobs(client, auth, scheduler, other["id"], 1)
+
+    assert len(await letters(client, auth)) == 3
+    assert len(await letters(client, auth, target_id=failing["id"])) == 2
+    assert [d["job_id"] for d in await letters(client, auth, status_code=500)] == [other_job["id"]]
+    assert len(await letters(client, auth, since=before.isoformat())) == 3
+    assert await letters(client, auth, until=before.isoformat()) == []
+    bad = await client.get("/v1/dead-letters", params={"since": "yesterday"}, headers=auth)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "since"
+
+    (letter,) = await letters(client, auth, status_code=500)
+    detail = (await client.get(f"/v1/dead-letters/{letter['id']}", headers=auth)).json()
+    assert detail["payload"] == {"n": 0} and detail["attempts"] == 2
+    assert [(r["attempt"], r["status_code"]) for r in detail["runs"]] == [(1, 500), (2, 500)]
+    assert detail["replayed_at"] is None
+
+    # Replay as is: a fresh job, due now, delivered to the same target with the same payload.
+    receiver.default = Reply(status=200)
+    replay = await client.post(f"/v1/dead-letters/{letter['id']}/replay", headers=auth)
+    assert replay.status_code == 201, replay.text
+    new_job = replay.json()
+    assert new_job["id"] != other_job["id"] and new_job["state"] == "scheduled" and new_job["attempt"] == 0
+    assert new_job["target_id"] == other["id"] and new_job["payload"] == {"n": 0}
+    assert new_job["max_attempts"] == 2
+
+    async def replay_delivered() -> bool:
+        await scheduler.run_once()
+        return (await client.get(f"/v1/jobs/{new_job['id']}", headers=auth)).json()["state"] == "succeeded"
+
+    await wait_for(replay_delivered, timeout=10, message="replay delivered")
+    replayed = (await client.get(f"/v1/dead-letters/{letter['id']}", headers=auth)).json()
+    assert replayed["replay_job_id"] == new_job["id"] and replayed["replayed_at"]
+    # The webhook-id is new: receivers see a new message, not a retry of the old one.
+    last = receiver.requests[-1]
+    assert last.path == "/b" and last.headers["webhook-id"] not in [
+        r.headers["webhook-id"] for r in receiver.requests[:-1]
+    ]
+
+    # Replay with overrides.
+    (first_a, _) = await letters(client, auth, target_id=failing["id"])
+    overridden = await client.post(
+        f"/v1/dead-letters/{first_a['id']}/replay",
+        json={"payload": {"fixed": True}, "target_id": other["id"]},
+        headers=auth,
+    )
+    assert overridden.status_code == 201
+    assert overridden.json()["payload"] == {"fixed": True} and overridden.json()["target_id"] == other["id"]
+    unknown_target = await client.post(
+        f"/v1/dead-letters/{first_a['id']}/replay", json={"target_id": str(uuid.uuid4())}, headers=auth
+    )
+    assert unknown_target.status_code == 422 and unknown_target.json()["errors"][0]["field"] == "target_id"
+    extra = await client.post(f"/v1/dead-letters/{first_a['id']}/replay", json={"colour": 1}, headers=auth)
+    assert extra.status_code == 422 and extra.json()["errors"][0]["field"] == "colour"
+
+    # Another tenant sees none of it.
+    stranger = await new_tenant(engine)
+    assert await letters(client, stranger) == []
+    for method, path in (
+        ("GET", f"/v1/dead-letters/{letter['id']}"),
+        ("POST", f"/v1/dead-letters/{letter['id']}/replay"),
+        ("DELETE", f"/v1/dead-letters/{letter['id']}"),
+    ):
+        assert (await client.request(method, path, headers=stranger)).status_code == 404
+
+    # Delete.
+    assert (await client.delete(f"/v1/dead-letters/{letter['id']}", headers=auth)).status_code == 204
+    assert (await client.get(f"/v1/dead-letters/{letter['id']}", headers=auth)).status_code == 404
+    assert (await client.delete(f"/v1/dead-letters/{letter['id']}", headers=auth)).status_code == 404
+    assert len(await letters(client, auth)) == 2
