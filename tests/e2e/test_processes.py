@@ -35,6 +35,16 @@ def free_port() -> int:
         return port
 
 
+async def wait_until_ready(http: httpx.AsyncClient, timeout: float) -> None:
+    async def ready() -> bool:
+        try:
+            return (await http.get("/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await wait_for(ready, timeout=timeout, interval=0.1, message="readyz")
+
+
 class Processes:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
@@ -135,14 +145,7 @@ async def test_cronhook_up_serves_the_api_and_delivers_then_stops_on_sigterm(
     service = procs.start("up", ["up", "--port", str(port)], env)
     base = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(base_url=base, timeout=5) as http:
-
-        async def ready() -> bool:
-            try:
-                return (await http.get("/readyz")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await wait_for(ready, timeout=30, interval=0.1, message="readyz")
+        await wait_until_ready(http, timeout=30)
         auth = {"Authorization": f"Bearer {key}"}
         target = (await http.post("/v1/targets", json={"name": "r", "url": receiver.url()}, headers=auth)).json()
         job = (await http.post("/v1/jobs", json={"target_id": target["id"], "delay_s": 0.5}, headers=auth)).json()
@@ -165,14 +168,7 @@ async def test_cronhook_up_with_embedded_postgres_starts_and_stops_its_server(pr
     try:
         service = procs.start("embedded", ["up", "--port", str(port)], env)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
-
-            async def ready() -> bool:
-                try:
-                    return (await http.get("/readyz")).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            await wait_for(ready, timeout=60, interval=0.2, message="embedded readyz")
+            await wait_until_ready(http, timeout=60)
         postmaster = data_dir / "pg" / "postmaster.pid"
         assert postmaster.exists()
         service.send_signal(signal.SIGTERM)
