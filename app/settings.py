@@ -51,6 +51,7 @@ class Settings(BaseSettings):
     default_max_attempts: int = Field(default=5, ge=1, le=100)
     default_backoff_base_s: float = Field(default=2.0, gt=0)
     default_backoff_max_s: float = Field(default=600.0, gt=0)
+    default_backoff_factor: float = Field(default=2.0, ge=1, le=10)
     default_target_timeout_s: float = Field(default=10.0, gt=0, le=TARGET_TIMEOUT_CEILING_S)
 
     log_level: str = "INFO"

@@ -124,6 +124,21 @@ def _check_headers(value: dict[str, str] | None) -> dict[str, str] | None:
     return value
 
 
+def _check_statuses(value: list[int] | None) -> list[int] | None:
+    if value is None:
+        return None
+    if len(value) > 100 or any(not 300 <= status <= 599 for status in value):
+        raise ValueError("must list at most 100 statuses, each from 300 to 599")
+    return sorted(set(value))
+
+
+RetryStatuses = Annotated[
+    list[int] | None,
+    AfterValidator(_check_statuses),
+    Field(description="Statuses to retry instead of the default (5xx, 408, 425, 429, 3xx); others dead-letter"),
+]
+
+
 class TargetCreate(RequestModel):
     name: Annotated[PlainText, Field(min_length=1, max_length=200)]
     url: Annotated[str, Field(description="http(s) URL the webhooks are POSTed to")]
@@ -133,6 +148,7 @@ class TargetCreate(RequestModel):
     timeout_s: Annotated[float | None, Field(gt=0, le=TARGET_TIMEOUT_CEILING_S)] = Field(
         default=None, description="Total deadline of one delivery; default CRONHOOK_DEFAULT_TARGET_TIMEOUT_S"
     )
+    retry_on_status: RetryStatuses = None
 
     _url = field_validator("url")(_check_url)
     _headers = field_validator("headers")(_check_headers)
@@ -143,6 +159,7 @@ class TargetUpdate(RequestModel):
     url: str | None = None
     headers: dict[str, str] | None = None
     timeout_s: Annotated[float | None, Field(gt=0, le=TARGET_TIMEOUT_CEILING_S)] = None
+    retry_on_status: RetryStatuses = None
 
     @field_validator("url")
     @classmethod
@@ -158,6 +175,7 @@ class TargetPublic(BaseModel):
     url: str
     headers: dict[str, str] = Field(description="Header names; values are redacted")
     timeout_s: float
+    retry_on_status: list[int] | None
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -181,6 +199,7 @@ class JobCreate(RequestModel):
     max_attempts: Annotated[int | None, Field(ge=1, le=100)] = None
     backoff_base_s: Annotated[float | None, Field(gt=0, le=86400)] = None
     backoff_max_s: Annotated[float | None, Field(gt=0, le=7 * 86400)] = None
+    backoff_factor: Annotated[float | None, Field(ge=1, le=10)] = None
     run_at: AwareDatetime | None = Field(default=None, description="RFC 3339 timestamp with offset")
     delay_s: Annotated[float | None, Field(gt=0, le=MAX_DELAY_S)] = None
     cron: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = None
@@ -207,6 +226,7 @@ class JobPublic(BaseModel):
     max_attempts: int
     backoff_base_s: float
     backoff_max_s: float
+    backoff_factor: float
     last_status_code: int | None
     last_error: str | None
     created_at: dt.datetime
@@ -242,6 +262,32 @@ class DeadLetterPublic(BaseModel):
 
 class DeadLetterDetail(DeadLetterPublic):
     runs: list[RunPublic] = Field(description="The attempts of the dead-lettered occurrence")
+
+
+class DeadLetterBulkReplay(RequestModel):
+    """Which dead letters to replay (all filters optional), how many, and how fast."""
+
+    job_id: uuid.UUID | None = None
+    target_id: uuid.UUID | None = None
+    since: AwareDatetime | None = Field(default=None, description="created at or after")
+    until: AwareDatetime | None = Field(default=None, description="created before")
+    status_code: Annotated[int | None, Field(ge=100, le=599, description="last HTTP status")] = None
+    include_replayed: bool = Field(default=False, description="also those replayed before")
+    limit: Annotated[int, Field(ge=1, le=1000)] = 100
+    rate_per_s: Annotated[float, Field(gt=0, le=1000)] = Field(
+        default=10.0, description="The replays fall due this many per second, oldest first"
+    )
+
+
+class ReplayedJob(BaseModel):
+    dead_letter_id: uuid.UUID
+    job_id: uuid.UUID
+    next_run_at: dt.datetime
+
+
+class BulkReplayResult(BaseModel):
+    replayed: list[ReplayedJob]
+    skipped_deleted_target: int = Field(description="Matching dead letters whose target was deleted")
 
 
 class DeadLetterReplay(RequestModel):
@@ -293,6 +339,7 @@ def job_public(row: Any) -> JobPublic:
         max_attempts=row["max_attempts"],
         backoff_base_s=row["backoff_base_s"],
         backoff_max_s=row["backoff_max_s"],
+        backoff_factor=row["backoff_factor"],
         last_status_code=row["last_status_code"],
         last_error=row["last_error"],
         created_at=row["created_at"],
@@ -312,6 +359,7 @@ def target_public(row: Any) -> TargetPublic:
         url=row["url"],
         headers=headers,
         timeout_s=row["timeout_s"],
+        retry_on_status=row["retry_on_status"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import random
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -14,15 +15,19 @@ class RetryPolicy:
     max_attempts: int
     backoff_base_s: float
     backoff_max_s: float
+    # Each retry waits up to `factor` times longer than the previous one could.
+    backoff_factor: float = 2.0
 
 
 def backoff_ceiling(policy: RetryPolicy, attempt: int) -> float:
-    """Upper bound of the delay after failed attempt number `attempt` (1-based)."""
+    """Upper bound of the delay after failed attempt number `attempt` (1-based):
+    min(max, base * factor^(attempt-1))."""
     exponent = max(attempt - 1, 0)
-    # Cap the exponent before computing so a large attempt number cannot overflow.
-    if exponent > 62:
+    try:
+        ceiling = policy.backoff_base_s * policy.backoff_factor**exponent
+    except OverflowError:  # a large attempt number with a large factor
         return policy.backoff_max_s
-    return float(min(policy.backoff_max_s, policy.backoff_base_s * (2**exponent)))
+    return float(min(policy.backoff_max_s, ceiling))
 
 
 def backoff_delay(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
@@ -42,7 +47,10 @@ RETRYABLE_4XX = frozenset({408, 425, 429})
 MAX_RETRY_AFTER_S = 3600.0
 
 
-def is_retryable_status(status: int) -> bool:
+def is_retryable_status(status: int, override: Collection[int] | None = None) -> bool:
+    """`override` is a target's own list of statuses to retry; it replaces the default set."""
+    if override is not None:
+        return status in override
     return status >= 500 or status in RETRYABLE_4XX or 300 <= status < 400
 
 

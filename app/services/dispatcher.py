@@ -96,7 +96,7 @@ class Dispatcher:
             return _outcome("connection_error", None, _describe(exc), started, started_wall)
         if 200 <= status < 300:
             return _outcome("success", status, None, started, started_wall)
-        retryable = is_retryable_status(status)
+        retryable = is_retryable_status(status, job.retry_on_status)
         error = f"HTTP {status}" + ("" if retryable else " (not retryable)")
         if excerpt:
             error += ": " + excerpt.decode("utf-8", "replace")[:ERROR_EXCERPT_CHARS]

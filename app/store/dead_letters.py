@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import Select, and_, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -22,6 +22,8 @@ class DeadLetterFilter:
     since: dt.datetime | None = None  # created_at >= since
     until: dt.datetime | None = None  # created_at < until
     last_status_code: int | None = None
+    # False: only dead letters never replayed.
+    include_replayed: bool = True
 
 
 async def dead_letter_insert_many(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
@@ -37,17 +39,7 @@ async def dead_letter_list(
     after: tuple[dt.datetime, uuid.UUID] | None,
     where: DeadLetterFilter = DeadLetterFilter(),
 ) -> list[RowMapping]:
-    stmt = select(dead_letters).where(dead_letters.c.tenant_id == tenant_id)
-    if where.job_id is not None:
-        stmt = stmt.where(dead_letters.c.job_id == where.job_id)
-    if where.target_id is not None:
-        stmt = stmt.where(dead_letters.c.target_id == where.target_id)
-    if where.since is not None:
-        stmt = stmt.where(dead_letters.c.created_at >= where.since)
-    if where.until is not None:
-        stmt = stmt.where(dead_letters.c.created_at < where.until)
-    if where.last_status_code is not None:
-        stmt = stmt.where(dead_letters.c.last_status_code == where.last_status_code)
+    stmt = _filtered(select(dead_letters), tenant_id, where)
     if after is not None:
         created, ident = after
         stmt = stmt.where(
@@ -60,21 +52,53 @@ async def dead_letter_list(
     return list((await conn.execute(stmt)).mappings().all())
 
 
+def _filtered(stmt: Select[Any], tenant_id: uuid.UUID, where: DeadLetterFilter) -> Select[Any]:
+    stmt = stmt.where(dead_letters.c.tenant_id == tenant_id)
+    if where.job_id is not None:
+        stmt = stmt.where(dead_letters.c.job_id == where.job_id)
+    if where.target_id is not None:
+        stmt = stmt.where(dead_letters.c.target_id == where.target_id)
+    if where.since is not None:
+        stmt = stmt.where(dead_letters.c.created_at >= where.since)
+    if where.until is not None:
+        stmt = stmt.where(dead_letters.c.created_at < where.until)
+    if where.last_status_code is not None:
+        stmt = stmt.where(dead_letters.c.last_status_code == where.last_status_code)
+    if not where.include_replayed:
+        stmt = stmt.where(dead_letters.c.replayed_at.is_(None))
+    return stmt
+
+
+def _with_job_policy() -> Select[Any]:
+    """Dead letters with the original job's name and retry policy (what a replay copies)."""
+    return select(
+        dead_letters,
+        jobs.c.name.label("job_name"),
+        jobs.c.max_attempts,
+        jobs.c.backoff_base_s,
+        jobs.c.backoff_max_s,
+        jobs.c.backoff_factor,
+        jobs.c.priority,
+    ).join(jobs, jobs.c.id == dead_letters.c.job_id)
+
+
 async def dead_letter_get(conn: AsyncConnection, tenant_id: uuid.UUID, dead_letter_id: uuid.UUID) -> RowMapping | None:
-    """The dead letter with the original job's name and retry policy (for replays)."""
+    stmt = _with_job_policy().where(dead_letters.c.id == dead_letter_id, dead_letters.c.tenant_id == tenant_id)
+    row: RowMapping | None = (await conn.execute(stmt)).mappings().one_or_none()
+    return row
+
+
+async def dead_letter_lock_for_replay(
+    conn: AsyncConnection, tenant_id: uuid.UUID, where: DeadLetterFilter, limit: int
+) -> list[RowMapping]:
+    """Oldest first, row-locked (SKIP LOCKED) so two concurrent bulk replays split the work."""
     stmt = (
-        select(
-            dead_letters,
-            jobs.c.name.label("job_name"),
-            jobs.c.max_attempts,
-            jobs.c.backoff_base_s,
-            jobs.c.backoff_max_s,
-            jobs.c.priority,
-        )
-        .join(jobs, jobs.c.id == dead_letters.c.job_id)
-        .where(dead_letters.c.id == dead_letter_id, dead_letters.c.tenant_id == tenant_id)
+        _filtered(_with_job_policy(), tenant_id, where)
+        .order_by(dead_letters.c.created_at, dead_letters.c.id)
+        .limit(limit)
+        .with_for_update(of=dead_letters, skip_locked=True)
     )
-    return (await conn.execute(stmt)).mappings().one_or_none()
+    return list((await conn.execute(stmt)).mappings().all())
 
 
 async def dead_letter_runs(conn: AsyncConnection, occurrence_id: uuid.UUID) -> list[RowMapping]:

@@ -77,6 +77,8 @@ class ClaimedJob:
     headers: dict[str, str]
     timeout_s: float
     signing_secret: str
+    # The target's statuses to retry, replacing the default set; None = default.
+    retry_on_status: frozenset[int] | None = None
 
     def attempt_context(self) -> AttemptContext:
         return AttemptContext(self.schedule, self.scheduled_for, self.schedule_anchor_at, self.attempt, self.policy)
@@ -102,6 +104,10 @@ def schedule_from_row(row: RowMapping) -> Schedule:
     if kind == "interval":
         return IntervalSchedule(row["every_s"])
     return OnceSchedule(row["scheduled_for"])
+
+
+def policy_from_row(row: RowMapping) -> RetryPolicy:
+    return RetryPolicy(row["max_attempts"], row["backoff_base_s"], row["backoff_max_s"], row["backoff_factor"])
 
 
 async def db_now(conn: AsyncConnection) -> dt.datetime:
@@ -131,6 +137,7 @@ async def job_create(conn: AsyncConnection, new: NewJob) -> RowMapping:
             max_attempts=new.policy.max_attempts,
             backoff_base_s=new.policy.backoff_base_s,
             backoff_max_s=new.policy.backoff_max_s,
+            backoff_factor=new.policy.backoff_factor,
         )
         .returning(*jobs.c)
     )
@@ -216,6 +223,7 @@ async def job_claim_due(conn: AsyncConnection, owner: str, limit: int, lease_s: 
             targets.c.headers,
             targets.c.timeout_s,
             targets.c.signing_secret,
+            targets.c.retry_on_status,
             func.now().label("claimed_at"),
         )
     )
@@ -234,7 +242,7 @@ def _claimed_from_row(row: RowMapping) -> ClaimedJob:
         scheduled_for=row["scheduled_for"],
         occurrence_id=row["occurrence_id"],
         attempt=row["attempt"],
-        policy=RetryPolicy(row["max_attempts"], row["backoff_base_s"], row["backoff_max_s"]),
+        policy=policy_from_row(row),
         lease_token=row["lease_token"],
         lease_owner=row["lease_owner"],
         claimed_at=row["claimed_at"],
@@ -242,6 +250,7 @@ def _claimed_from_row(row: RowMapping) -> ClaimedJob:
         headers=dict(row["headers"] or {}),
         timeout_s=row["timeout_s"],
         signing_secret=row["signing_secret"],
+        retry_on_status=None if row["retry_on_status"] is None else frozenset(row["retry_on_status"]),
     )
 
 
@@ -405,6 +414,7 @@ async def job_lock_expired_leases(conn: AsyncConnection, limit: int) -> list[Cla
             targets.c.headers,
             targets.c.timeout_s,
             targets.c.signing_secret,
+            targets.c.retry_on_status,
             func.now().label("claimed_at"),
         )
         .join(targets, targets.c.id == jobs.c.target_id)

@@ -20,7 +20,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from app.domain.partition import PARTITION_COUNT
 from app.domain.states import JobState
@@ -79,6 +79,8 @@ targets = Table(
     Column("url", Text, nullable=False),
     Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("timeout_s", Double, nullable=False),
+    # Statuses to retry instead of the default set (5xx, 408, 425, 429, 3xx); NULL = default.
+    Column("retry_on_status", ARRAY(SmallInteger)),
     # Needed in the clear to compute HMACs; only ever returned on create and rotate.
     Column("signing_secret", Text, nullable=False),
     _ts("created_at", nullable=False, default_now=True),
@@ -119,6 +121,7 @@ jobs = Table(
     Column("max_attempts", Integer, nullable=False),
     Column("backoff_base_s", Double, nullable=False),
     Column("backoff_max_s", Double, nullable=False),
+    Column("backoff_factor", Double, nullable=False, server_default=text("2")),
     # Lease of the scheduler delivering it (state running).
     Column("lease_owner", Text),
     Column("lease_token", UUID(as_uuid=True)),
@@ -138,6 +141,7 @@ jobs = Table(
     CheckConstraint("every_s IS NULL OR every_s > 0", name="every_s_positive"),
     CheckConstraint("priority BETWEEN 0 AND 9", name="priority_range"),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+    CheckConstraint("backoff_factor >= 1", name="backoff_factor_at_least_one"),
     CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt_within_max"),
     CheckConstraint(
         "(state = 'running') = (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL AND lease_owner IS NOT NULL)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
@@ -21,6 +22,7 @@ PUBLIC_COLUMNS = (
     targets.c.url,
     targets.c.headers,
     targets.c.timeout_s,
+    targets.c.retry_on_status,
     targets.c.created_at,
     targets.c.updated_at,
 )
@@ -37,6 +39,7 @@ async def target_create(
     url: str,
     headers: dict[str, str],
     timeout_s: float,
+    retry_on_status: list[int] | None = None,
 ) -> tuple[RowMapping, str]:
     """Returns the public row and the new signing secret."""
     secret = new_signing_secret()
@@ -48,6 +51,7 @@ async def target_create(
             url=url,
             headers=headers,
             timeout_s=timeout_s,
+            retry_on_status=retry_on_status,
             signing_secret=secret,
         )
         .returning(*PUBLIC_COLUMNS)
@@ -118,10 +122,24 @@ async def target_delete(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: 
 
 
 async def target_lock_live(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> bool:
-    """Share-locks a live target for the rest of the transaction.
+    return target_id in await target_lock_live_many(conn, tenant_id, [target_id])
+
+
+async def target_lock_live_many(
+    conn: AsyncConnection, tenant_id: uuid.UUID, target_ids: Iterable[uuid.UUID]
+) -> set[uuid.UUID]:
+    """Share-locks the live targets among `target_ids` for the rest of the transaction.
 
     Job creation takes it (creations do not block each other); deletion takes the exclusive
     lock first, so it sees every job created before it and none is created after it.
     """
-    stmt = select(targets.c.id).where(_live(tenant_id, target_id)).with_for_update(read=True)
-    return (await conn.execute(stmt)).first() is not None
+    stmt = (
+        select(targets.c.id)
+        .where(
+            targets.c.id.in_(list(target_ids)),
+            targets.c.tenant_id == tenant_id,
+            targets.c.deleted_at.is_(None),
+        )
+        .with_for_update(read=True)
+    )
+    return set((await conn.execute(stmt)).scalars().all())

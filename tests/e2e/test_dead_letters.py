@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -128,3 +129,80 @@ async def test_inspect_filter_replay_and_delete(
     assert (await client.get(f"/v1/dead-letters/{letter['id']}", headers=auth)).status_code == 404
     assert (await client.delete(f"/v1/dead-letters/{letter['id']}", headers=auth)).status_code == 404
     assert len(await letters(client, auth)) == 2
+
+
+async def test_bulk_replay_by_filter_is_rate_capped_and_skips_what_was_replayed(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    receiver.default = Reply(status=502)
+    live = await make_target(client, auth, receiver.url("/live"))
+    doomed = await make_target(client, auth, receiver.url("/doomed"))
+    await dead_letter_jobs(client, auth, scheduler, live["id"], 3)
+    await dead_letter_jobs(client, auth, scheduler, doomed["id"], 1)
+    assert (await client.delete(f"/v1/targets/{doomed['id']}", headers=auth)).status_code == 204
+
+    response = await client.post("/v1/dead-letters/replay", json={"rate_per_s": 2, "status_code": 502}, headers=auth)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert len(result["replayed"]) == 3 and result["skipped_deleted_target"] == 1
+    due = [dt.datetime.fromisoformat(r["next_run_at"]) for r in result["replayed"]]
+    # Two per second: each replay falls due half a second after the previous one.
+    assert [round((b - a).total_seconds(), 3) for a, b in itertools.pairwise(due)] == [0.5, 0.5]
+
+    again = (await client.post("/v1/dead-letters/replay", json={}, headers=auth)).json()
+    assert again["replayed"] == []  # replayed ones are left alone by default...
+    everything = (
+        await client.post("/v1/dead-letters/replay", json={"include_replayed": True, "limit": 2}, headers=auth)
+    ).json()
+    assert len(everything["replayed"]) == 2  # ...unless asked, and the limit holds
+    bad = await client.post("/v1/dead-letters/replay", json={"rate_per_s": 0}, headers=auth)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "rate_per_s"
+
+    receiver.default = Reply(status=200)
+    job_ids = [r["job_id"] for r in result["replayed"]]
+
+    async def delivered() -> bool:
+        await scheduler.run_once()
+        states = [(await client.get(f"/v1/jobs/{j}", headers=auth)).json()["state"] for j in job_ids]
+        return states == ["succeeded"] * 3
+
+    await wait_for(delivered, timeout=15, message="bulk replays delivered")
+    started = []
+    for job_id in job_ids:
+        (run,) = (await client.get(f"/v1/jobs/{job_id}/runs", headers=auth)).json()["items"]
+        started.append(dt.datetime.fromisoformat(run["started_at"]))
+    # Spread over a second as scheduled, not all at once.
+    assert (max(started) - min(started)).total_seconds() >= 0.95
+
+
+async def test_a_target_can_choose_which_statuses_to_retry(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    # This receiver answers 404 while a deployment rolls out, and 500 means "never retry".
+    target = await make_target(client, auth, receiver.url("/custom"), retry_on_status=[404, 404, 503])
+    assert target["retry_on_status"] == [404, 503]
+    receiver.script = [Reply(status=404)]
+    retried = await make_job(client, auth, target["id"], max_attempts=3, backoff_base_s=0.01)
+
+    async def state(job: dict[str, Any]) -> str:
+        await scheduler.run_once()
+        value: str = (await client.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"]
+        return value
+
+    await wait_for(lambda: _is(state(retried), "succeeded"), timeout=10, message="404 retried")
+    receiver.script = [Reply(status=500)]
+    not_retried = await make_job(client, auth, target["id"], max_attempts=3, backoff_base_s=0.01)
+    await wait_for(lambda: _is(state(not_retried), "dead"), timeout=10, message="500 not retried")
+    assert len((await client.get(f"/v1/jobs/{not_retried['id']}/runs", headers=auth)).json()["items"]) == 1
+
+    for statuses in ([200], [99999], list(range(300, 450))):
+        bad = await client.post(
+            "/v1/targets", json={"name": "x", "url": receiver.url(), "retry_on_status": statuses}, headers=auth
+        )
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "retry_on_status"
+    reset = await client.patch(f"/v1/targets/{target['id']}", json={"retry_on_status": None}, headers=auth)
+    assert reset.json()["retry_on_status"] is None
+
+
+async def _is(value: Any, expected: str) -> bool:
+    return bool(await value == expected)

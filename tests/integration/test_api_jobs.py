@@ -49,8 +49,9 @@ async def test_create_each_schedule_kind(
     assert (next_local.hour, next_local.minute) == (9, 0)
     assert cron["timezone"] == "America/New_York"
 
-    every = await make_job(client, auth, target["id"], every_s=60, priority=7, max_attempts=3)
+    every = await make_job(client, auth, target["id"], every_s=60, priority=7, max_attempts=3, backoff_factor=3)
     assert every["every_s"] == 60 and every["priority"] == 7 and every["max_attempts"] == 3
+    assert every["backoff_factor"] == 3 and delayed["backoff_factor"] == 2  # the documented default
 
     fetched = await client.get(f"/v1/jobs/{every['id']}", headers=auth)
     assert fetched.status_code == 200 and fetched.json() == every
@@ -71,6 +72,7 @@ BAD_JOBS: list[tuple[dict[str, Any], int, str]] = [
     ({"delay_s": 5, "colour": "red"}, 422, "colour"),
     ({"delay_s": 5, "priority": 10}, 422, "priority"),
     ({"delay_s": 5, "max_attempts": 0}, 422, "max_attempts"),
+    ({"delay_s": 5, "backoff_factor": 0.5}, 422, "backoff_factor"),
     ({"delay_s": 5, "backoff_base_s": 10, "backoff_max_s": 1}, 422, "backoff_max_s"),
     # What JSON accepts but PostgreSQL cannot store, and timestamps out of any sane range.
     ({"delay_s": 5, "name": "a\u0000b"}, 422, "name"),

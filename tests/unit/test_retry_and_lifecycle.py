@@ -136,3 +136,19 @@ def test_retry_after_lengthens_but_never_shortens_the_backoff() -> None:
     short = after_attempt(policy_ctx, False, NOW, random.Random(3), retry_after_s=0.0)
     plain = after_attempt(policy_ctx, False, NOW, random.Random(3))
     assert short.retry_delay_s == plain.retry_delay_s
+
+
+def test_backoff_factor_shapes_the_ceiling() -> None:
+    triple = RetryPolicy(max_attempts=9, backoff_base_s=1.0, backoff_max_s=100.0, backoff_factor=3.0)
+    assert [backoff_ceiling(triple, n) for n in (1, 2, 3, 4, 5)] == [1.0, 3.0, 9.0, 27.0, 81.0]
+    assert backoff_ceiling(triple, 6) == 100.0
+    flat = RetryPolicy(max_attempts=9, backoff_base_s=5.0, backoff_max_s=100.0, backoff_factor=1.0)
+    assert {backoff_ceiling(flat, n) for n in range(1, 50)} == {5.0}
+    steep = RetryPolicy(max_attempts=9, backoff_base_s=1.0, backoff_max_s=60.0, backoff_factor=10.0)
+    assert backoff_ceiling(steep, 10_000) == 60.0  # no overflow
+
+
+def test_a_target_override_replaces_the_default_retryable_set() -> None:
+    assert is_retryable_status(404, frozenset({404}))
+    assert not is_retryable_status(500, frozenset({404}))
+    assert not is_retryable_status(503, frozenset())

@@ -4,30 +4,34 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response
 from pydantic import AwareDatetime
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.routes.jobs import ensure_payload_fits
 from app.api.schemas import (
+    BulkReplayResult,
+    DeadLetterBulkReplay,
     DeadLetterDetail,
     DeadLetterPublic,
     DeadLetterReplay,
     JobPublic,
     Page,
+    ReplayedJob,
     RunPublic,
     job_public,
     page_of,
 )
-from app.domain.retry import RetryPolicy
 from app.domain.schedule import OnceSchedule
 from app.store import dead_letters as store
-from app.store.jobs import NewJob, db_now, job_create
+from app.store.jobs import NewJob, db_now, job_create, policy_from_row
 from app.store.pagination import decode_time_id_cursor
-from app.store.targets import target_lock_live
+from app.store.targets import target_lock_live, target_lock_live_many
 
 router = APIRouter(prefix="/v1/dead-letters", tags=["dead-letters"])
 
@@ -67,6 +71,31 @@ async def get_dead_letter(dead_letter_id: uuid.UUID, tenant_id: TenantId, conn: 
     return DeadLetterDetail.model_validate({**dict(row), "runs": attempts})
 
 
+@router.post("/replay", operation_id="replayDeadLetters")
+async def replay_dead_letters(body: DeadLetterBulkReplay, tenant_id: TenantId, conn: Conn) -> BulkReplayResult:
+    """Replays matching dead letters as fresh jobs, oldest first, due `rate_per_s` per second."""
+    where = store.DeadLetterFilter(
+        job_id=body.job_id,
+        target_id=body.target_id,
+        since=_utc(body.since, "since"),
+        until=_utc(body.until, "until"),
+        last_status_code=body.status_code,
+        include_replayed=body.include_replayed,
+    )
+    rows = await store.dead_letter_lock_for_replay(conn, tenant_id, where, body.limit)
+    live = await target_lock_live_many(conn, tenant_id, {row["target_id"] for row in rows})
+    now = await db_now(conn)
+    replayed: list[ReplayedJob] = []
+    for row in rows:
+        if row["target_id"] not in live:
+            continue
+        # Staggered due times cap the rate across every scheduler replica, with no extra state.
+        due = now + dt.timedelta(seconds=len(replayed) / body.rate_per_s)
+        job = await _replay(conn, tenant_id, row, row["payload"], row["target_id"], due)
+        replayed.append(ReplayedJob(dead_letter_id=row["id"], job_id=job["id"], next_run_at=due))
+    return BulkReplayResult(replayed=replayed, skipped_deleted_target=len(rows) - len(replayed))
+
+
 @router.post("/{dead_letter_id}/replay", status_code=201, operation_id="replayDeadLetter")
 async def replay_dead_letter(
     dead_letter_id: uuid.UUID,
@@ -86,7 +115,17 @@ async def replay_dead_letter(
     if not await target_lock_live(conn, tenant_id, target_id):
         detail = "no such target" if "target_id" in overrides else "the target was deleted; pass another target_id"
         raise Problem(422, detail, slug="validation", field="target_id")
-    now = await db_now(conn)
+    return job_public(await _replay(conn, tenant_id, row, payload, target_id, await db_now(conn)))
+
+
+async def _replay(
+    conn: AsyncConnection,
+    tenant_id: uuid.UUID,
+    row: RowMapping,
+    payload: Any,
+    target_id: uuid.UUID,
+    due: dt.datetime,
+) -> RowMapping:
     job = await job_create(
         conn,
         NewJob(
@@ -95,13 +134,13 @@ async def replay_dead_letter(
             name=row["job_name"],
             payload=payload,
             priority=row["priority"],
-            schedule=OnceSchedule(now),
-            first_fire_at=now,
-            policy=RetryPolicy(row["max_attempts"], row["backoff_base_s"], row["backoff_max_s"]),
+            schedule=OnceSchedule(due),
+            first_fire_at=due,
+            policy=policy_from_row(row),
         ),
     )
-    await store.dead_letter_mark_replayed(conn, tenant_id, dead_letter_id, job["id"])
-    return job_public(job)
+    await store.dead_letter_mark_replayed(conn, tenant_id, row["id"], job["id"])
+    return job
 
 
 @router.delete("/{dead_letter_id}", status_code=204, operation_id="deleteDeadLetter")

@@ -43,6 +43,7 @@ async def create_job(body: JobCreate, tenant_id: TenantId, conn: Conn, settings:
         max_attempts=body.max_attempts or settings.default_max_attempts,
         backoff_base_s=body.backoff_base_s or settings.default_backoff_base_s,
         backoff_max_s=body.backoff_max_s or settings.default_backoff_max_s,
+        backoff_factor=body.backoff_factor or settings.default_backoff_factor,
     )
     if policy.backoff_max_s < policy.backoff_base_s:
         raise Problem(422, "must be at least backoff_base_s", slug="validation", field="backoff_max_s")

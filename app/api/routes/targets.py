@@ -48,6 +48,7 @@ async def create_target(body: TargetCreate, tenant_id: TenantId, conn: Conn, set
         url=body.url,
         headers=body.headers or {},
         timeout_s=body.timeout_s or settings.default_target_timeout_s,
+        retry_on_status=body.retry_on_status,
     )
     return TargetWithSecret(**target_public(row).model_dump(), secret=secret)
 
