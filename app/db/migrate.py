@@ -43,7 +43,7 @@ async def migrate_to_head(engine: AsyncEngine) -> None:
     async with engine.connect() as connection:
         await connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
         try:
-            before = await connection.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
+            before = await connection.run_sync(revision_of)
             await connection.run_sync(_upgrade)
             await connection.commit()
             head = head_revision()
@@ -63,10 +63,11 @@ def _upgrade(connection: Connection) -> None:
     command.upgrade(config, "head")
 
 
-async def current_revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as connection:
-        return await connection.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
+def revision_of(connection: Connection) -> str | None:
+    """The schema revision of the connected database (None before the first migration)."""
+    return MigrationContext.configure(connection).get_current_revision()
 
 
 async def schema_is_current(engine: AsyncEngine) -> bool:
-    return await current_revision(engine) == head_revision()
+    async with engine.connect() as connection:
+        return await connection.run_sync(revision_of) == head_revision()

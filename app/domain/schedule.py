@@ -15,9 +15,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass
-from zoneinfo import ZoneInfo
 
-from app.domain.cron import CronError, load_zone, next_fire, parse_cron
+from app.domain.cron import CronError, next_fire, parse_cron
 
 UTC = dt.UTC
 
@@ -47,10 +46,6 @@ class IntervalSchedule:
 
 
 Schedule = OnceSchedule | CronSchedule | IntervalSchedule
-
-
-def load_timezone(name: str) -> ZoneInfo:
-    return load_zone(name)
 
 
 def validate_cron(expression: str, timezone: str, now: dt.datetime) -> None:
@@ -153,8 +148,7 @@ def resolve_schedule(
         schedule = OnceSchedule(now + dt.timedelta(seconds=delay_s))
     elif cron is not None:
         zone_name = timezone or "UTC"
-        load_timezone(zone_name)
-        validate_cron(cron, zone_name, now)
+        validate_cron(cron, zone_name, now)  # also rejects an unknown zone
         schedule = CronSchedule(cron, zone_name)
     else:
         assert every_s is not None

@@ -150,14 +150,11 @@ class Scheduler:
                 released = await job_release_claim(conn, job)
             log_event(logger, "lease_untrusted_released", logging.WARNING, job_id=str(job.id), released=released)
             return
-        # The signed timestamp is on the database clock: claim time plus local elapsed time.
-        started_wall = job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
-        result = await self._dispatcher.deliver(job, started_wall)
-        now = job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
+        result = await self._dispatcher.deliver(job, _db_clock(job, claimed_mono))
         step = after_attempt(
             job.attempt_context(),
             result.succeeded,
-            now,
+            _db_clock(job, claimed_mono),
             self._rng,
             retryable=result.retryable,
             retry_after_s=result.retry_after_s,
@@ -176,6 +173,11 @@ class Scheduler:
         if step.schedule_ended:
             log_event(logger, "schedule_ended", logging.WARNING, job_id=str(job.id), state=step.state.value)
         _log_outcome(job, result, step.state.value, step.dead_letter)
+
+
+def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:
+    """Now on the database's clock: its time at the claim plus local monotonic time since."""
+    return job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
 
 
 def _log_outcome(job: ClaimedJob, result: AttemptOutcome, new_state: str, dead_letter: bool) -> None:

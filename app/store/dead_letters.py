@@ -7,8 +7,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, delete, func, or_, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Select, and_, column, delete, func, or_, select, update, values
+from sqlalchemy.dialects.postgresql import UUID, insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -39,7 +39,7 @@ async def dead_letter_list(
     after: tuple[dt.datetime, uuid.UUID] | None,
     where: DeadLetterFilter = DeadLetterFilter(),
 ) -> list[RowMapping]:
-    stmt = _filtered(select(dead_letters), tenant_id, where)
+    stmt = _filtered(select(dead_letters), tenant_id, where or DeadLetterFilter())
     if after is not None:
         created, ident = after
         stmt = stmt.where(
@@ -108,12 +108,16 @@ async def dead_letter_runs(conn: AsyncConnection, occurrence_id: uuid.UUID) -> l
 
 
 async def dead_letter_mark_replayed(
-    conn: AsyncConnection, tenant_id: uuid.UUID, dead_letter_id: uuid.UUID, replay_job_id: uuid.UUID
+    conn: AsyncConnection, tenant_id: uuid.UUID, replays: list[tuple[uuid.UUID, uuid.UUID]]
 ) -> None:
+    """Records (dead letter id, replay job id) pairs in one UPDATE."""
+    if not replays:
+        return
+    replay = values(column("id", UUID(as_uuid=True)), column("job_id", UUID(as_uuid=True)), name="replay").data(replays)
     await conn.execute(
         update(dead_letters)
-        .where(dead_letters.c.id == dead_letter_id, dead_letters.c.tenant_id == tenant_id)
-        .values(replayed_at=func.now(), replay_job_id=replay_job_id)
+        .where(dead_letters.c.id == replay.c.id, dead_letters.c.tenant_id == tenant_id)
+        .values(replayed_at=func.now(), replay_job_id=replay.c.job_id)
     )
 
 

@@ -117,31 +117,41 @@ async def db_now(conn: AsyncConnection) -> dt.datetime:
 
 
 async def job_create(conn: AsyncConnection, new: NewJob) -> RowMapping:
+    (row,) = await job_create_many(conn, [new])
+    return row
+
+
+async def job_create_many(conn: AsyncConnection, news: list[NewJob]) -> list[RowMapping]:
+    """One multi-row INSERT; rows come back in the order of `news`."""
+    if not news:
+        return []
+    values = [_new_job_values(new) for new in news]
+    stmt = jobs.insert().values(values).returning(*jobs.c)
+    by_id = {row["id"]: row for row in (await conn.execute(stmt)).mappings().all()}
+    return [by_id[v["id"]] for v in values]
+
+
+def _new_job_values(new: NewJob) -> dict[str, Any]:
     job_id = uuid.uuid4()
-    stmt = (
-        jobs.insert()
-        .values(
-            id=job_id,
-            partition=partition_for(job_id),
-            tenant_id=new.tenant_id,
-            target_id=new.target_id,
-            name=new.name,
-            payload=new.payload,
-            priority=new.priority,
-            state=JobState.SCHEDULED,
-            **schedule_columns(new.schedule),
-            schedule_anchor_at=new.first_fire_at,
-            scheduled_for=new.first_fire_at,
-            occurrence_id=uuid.uuid4(),
-            run_at=new.first_fire_at,
-            max_attempts=new.policy.max_attempts,
-            backoff_base_s=new.policy.backoff_base_s,
-            backoff_max_s=new.policy.backoff_max_s,
-            backoff_factor=new.policy.backoff_factor,
-        )
-        .returning(*jobs.c)
+    return dict(
+        id=job_id,
+        partition=partition_for(job_id),
+        tenant_id=new.tenant_id,
+        target_id=new.target_id,
+        name=new.name,
+        payload=new.payload,
+        priority=new.priority,
+        state=JobState.SCHEDULED,
+        **schedule_columns(new.schedule),
+        schedule_anchor_at=new.first_fire_at,
+        scheduled_for=new.first_fire_at,
+        occurrence_id=uuid.uuid4(),
+        run_at=new.first_fire_at,
+        max_attempts=new.policy.max_attempts,
+        backoff_base_s=new.policy.backoff_base_s,
+        backoff_max_s=new.policy.backoff_max_s,
+        backoff_factor=new.policy.backoff_factor,
     )
-    return (await conn.execute(stmt)).mappings().one()
 
 
 async def job_get(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:
@@ -425,9 +435,3 @@ async def job_lock_expired_leases(conn: AsyncConnection, limit: int) -> list[Cla
     )
     rows = (await conn.execute(stmt)).mappings().all()
     return [_claimed_from_row(row) for row in rows]
-
-
-async def job_oldest_due_at(conn: AsyncConnection) -> dt.datetime | None:
-    stmt = select(func.min(jobs.c.run_at)).where(jobs.c.state.in_(_CLAIMABLE))
-    value: dt.datetime | None = await conn.scalar(stmt)
-    return value

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response
 from pydantic import AwareDatetime
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
@@ -29,7 +28,7 @@ from app.api.schemas import (
 )
 from app.domain.schedule import OnceSchedule
 from app.store import dead_letters as store
-from app.store.jobs import NewJob, db_now, job_create, policy_from_row
+from app.store.jobs import NewJob, db_now, job_create, job_create_many, policy_from_row
 from app.store.pagination import decode_time_id_cursor
 from app.store.targets import target_lock_live, target_lock_live_many
 
@@ -82,18 +81,24 @@ async def replay_dead_letters(body: DeadLetterBulkReplay, tenant_id: TenantId, c
         last_status_code=body.status_code,
         include_replayed=body.include_replayed,
     )
-    rows = await store.dead_letter_lock_for_replay(conn, tenant_id, where, body.limit)
-    live = await target_lock_live_many(conn, tenant_id, {row["target_id"] for row in rows})
+    matched = await store.dead_letter_lock_for_replay(conn, tenant_id, where, body.limit)
+    live = await target_lock_live_many(conn, tenant_id, {row["target_id"] for row in matched})
+    rows = [row for row in matched if row["target_id"] in live]
     now = await db_now(conn)
-    replayed: list[ReplayedJob] = []
-    for row in rows:
-        if row["target_id"] not in live:
-            continue
-        # Staggered due times cap the rate across every scheduler replica, with no extra state.
-        due = now + dt.timedelta(seconds=len(replayed) / body.rate_per_s)
-        job = await _replay(conn, tenant_id, row, row["payload"], row["target_id"], due)
-        replayed.append(ReplayedJob(dead_letter_id=row["id"], job_id=job["id"], next_run_at=due))
-    return BulkReplayResult(replayed=replayed, skipped_deleted_target=len(rows) - len(replayed))
+    # Staggered due times cap the rate across every scheduler replica, with no extra state.
+    due = [now + dt.timedelta(seconds=i / body.rate_per_s) for i in range(len(rows))]
+    created = await job_create_many(
+        conn,
+        [_replay_job(tenant_id, row, row["payload"], row["target_id"], at) for row, at in zip(rows, due, strict=True)],
+    )
+    await store.dead_letter_mark_replayed(
+        conn, tenant_id, [(row["id"], job["id"]) for row, job in zip(rows, created, strict=True)]
+    )
+    replayed = [
+        ReplayedJob(dead_letter_id=row["id"], job_id=job["id"], next_run_at=at)
+        for row, job, at in zip(rows, created, due, strict=True)
+    ]
+    return BulkReplayResult(replayed=replayed, skipped_deleted_target=len(matched) - len(rows))
 
 
 @router.post("/{dead_letter_id}/replay", status_code=201, operation_id="replayDeadLetter")
@@ -115,32 +120,23 @@ async def replay_dead_letter(
     if not await target_lock_live(conn, tenant_id, target_id):
         detail = "no such target" if "target_id" in overrides else "the target was deleted; pass another target_id"
         raise Problem(422, detail, slug="validation", field="target_id")
-    return job_public(await _replay(conn, tenant_id, row, payload, target_id, await db_now(conn)))
+    job = await job_create(conn, _replay_job(tenant_id, row, payload, target_id, await db_now(conn)))
+    await store.dead_letter_mark_replayed(conn, tenant_id, [(row["id"], job["id"])])
+    return job_public(job)
 
 
-async def _replay(
-    conn: AsyncConnection,
-    tenant_id: uuid.UUID,
-    row: RowMapping,
-    payload: Any,
-    target_id: uuid.UUID,
-    due: dt.datetime,
-) -> RowMapping:
-    job = await job_create(
-        conn,
-        NewJob(
-            tenant_id=tenant_id,
-            target_id=target_id,
-            name=row["job_name"],
-            payload=payload,
-            priority=row["priority"],
-            schedule=OnceSchedule(due),
-            first_fire_at=due,
-            policy=policy_from_row(row),
-        ),
+def _replay_job(tenant_id: uuid.UUID, row: RowMapping, payload: Any, target_id: uuid.UUID, due: dt.datetime) -> NewJob:
+    """A fresh one-off job with the dead letter's name, priority and retry policy."""
+    return NewJob(
+        tenant_id=tenant_id,
+        target_id=target_id,
+        name=row["job_name"],
+        payload=payload,
+        priority=row["priority"],
+        schedule=OnceSchedule(due),
+        first_fire_at=due,
+        policy=policy_from_row(row),
     )
-    await store.dead_letter_mark_replayed(conn, tenant_id, row["id"], job["id"])
-    return job
 
 
 @router.delete("/{dead_letter_id}", status_code=204, operation_id="deleteDeadLetter")

@@ -6,12 +6,11 @@ import logging
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.deps import get_engine
 from app.api.schemas import Health, Readiness
-from app.db.migrate import schema_is_current
+from app.db.migrate import head_revision, revision_of
 from app.logs import log_event
 from app.services.loop import TRANSIENT_DB_ERRORS
 
@@ -28,10 +27,11 @@ async def healthz() -> Health:
 async def readyz(engine: AsyncEngine = Depends(get_engine)) -> Readiness | JSONResponse:  # noqa: B008
     database = schema_current = False
     try:
+        # One round trip answers both: reading the revision needs a working connection.
         async with engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
+            revision = await conn.run_sync(revision_of)
         database = True
-        schema_current = await schema_is_current(engine)
+        schema_current = revision == head_revision()
     except TRANSIENT_DB_ERRORS as exc:
         log_event(logger, "readiness_db_unavailable", logging.WARNING, error=type(exc).__name__)
     if database and schema_current:
