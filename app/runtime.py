@@ -13,7 +13,7 @@ from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine
 from app.db.migrate import migrate_to_head
 from app.logs import log_event
-from app.services.loop import TRANSIENT_DB_ERRORS
+from app.services.loop import is_transient_db_error
 from app.settings import Settings
 from app.store.tenants import api_key_ensure, tenant_ensure
 
@@ -68,8 +68,8 @@ class Runtime:
             try:
                 async with self.engine.connect():
                     return
-            except TRANSIENT_DB_ERRORS as exc:
-                if time.monotonic() + delay > deadline:
+            except Exception as exc:
+                if not is_transient_db_error(exc) or time.monotonic() + delay > deadline:
                     raise
                 log_event(logger, "database_wait", logging.WARNING, error=type(exc).__name__, retry_in_s=delay)
                 await asyncio.sleep(delay)

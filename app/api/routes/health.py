@@ -12,7 +12,7 @@ from app.api.deps import get_engine
 from app.api.schemas import Health, Readiness
 from app.db.migrate import head_revision, revision_of
 from app.logs import log_event
-from app.services.loop import TRANSIENT_DB_ERRORS
+from app.services.loop import is_transient_db_error
 
 router = APIRouter(tags=["health"])
 logger = logging.getLogger(__name__)
@@ -32,7 +32,9 @@ async def readyz(engine: AsyncEngine = Depends(get_engine)) -> Readiness | JSONR
             revision = await conn.run_sync(revision_of)
         database = True
         schema_current = revision == head_revision()
-    except TRANSIENT_DB_ERRORS as exc:
+    except Exception as exc:
+        if not is_transient_db_error(exc):
+            raise
         log_event(logger, "readiness_db_unavailable", logging.WARNING, error=type(exc).__name__)
     if database and schema_current:
         return Readiness(status="ready", database=True, schema_current=True)
