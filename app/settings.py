@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from pathlib import Path
 
@@ -11,10 +12,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The largest per-target HTTP deadline any deployment may configure.
 TARGET_TIMEOUT_CEILING_S = 300.0
+# A partition lease must survive this many renew intervals.
+MIN_RENEWALS_PER_PARTITION_LEASE = 3
 
 
 def default_replica_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    # The random part tells a restarted process (same host, same pid in a container) from
+    # its previous life, whose partition leases and job leases must not be mistaken for its own.
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 class Settings(BaseSettings):
@@ -30,6 +35,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     bootstrap_api_key: SecretStr | None = None
+    # Bearer key for the operator endpoints (/v1/cluster); unset, they answer 403.
+    admin_api_key: SecretStr | None = None
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
 
     # Scheduler.
@@ -42,6 +49,12 @@ class Settings(BaseSettings):
     # by `lease_margin_s`, the time allowed to record an outcome after the POST returns.
     max_target_timeout_s: float = Field(default=30.0, gt=0, le=TARGET_TIMEOUT_CEILING_S)
     lease_margin_s: float = Field(default=5.0, ge=0.5)
+    # Partition ownership: each replica renews its partition leases every `partition_renew_s`;
+    # a replica that dies loses them `partition_lease_s` later, when the others take them over.
+    partition_lease_s: float = Field(default=15.0, gt=0, le=3600)
+    partition_renew_s: float = Field(default=3.0, gt=0, le=600)
+    # A due job gains one priority level per this many seconds waited (app/domain/priority.py).
+    priority_aging_s: float = Field(default=60.0, gt=0, le=86_400)
 
     # Reaper.
     reaper_interval_s: float = Field(default=5.0, gt=0, le=3600)
@@ -64,6 +77,12 @@ class Settings(BaseSettings):
                 f"CRONHOOK_LEASE_S={self.lease_s:g} must be greater than CRONHOOK_MAX_TARGET_TIMEOUT_S "
                 f"({self.max_target_timeout_s:g}) plus CRONHOOK_LEASE_MARGIN_S ({self.lease_margin_s:g}), "
                 "so that a delivery in flight never outlives its lease"
+            )
+        if self.partition_lease_s < MIN_RENEWALS_PER_PARTITION_LEASE * self.partition_renew_s:
+            raise ValueError(
+                f"CRONHOOK_PARTITION_LEASE_S={self.partition_lease_s:g} must be at least "
+                f"{MIN_RENEWALS_PER_PARTITION_LEASE} x CRONHOOK_PARTITION_RENEW_S ({self.partition_renew_s:g}), "
+                "so that one slow or failed renewal does not cost a replica its partitions"
             )
         if self.default_target_timeout_s > self.max_target_timeout_s:
             raise ValueError("CRONHOOK_DEFAULT_TARGET_TIMEOUT_S must be <= CRONHOOK_MAX_TARGET_TIMEOUT_S")

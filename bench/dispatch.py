@@ -191,16 +191,18 @@ class BenchDatabase:
         return url.set(database=name).render_as_string(hide_password=False)
 
     async def stop(self) -> None:
-        if self._created is not None and self._external_url is not None:
-            url = normalize_url(self._external_url).render_as_string(hide_password=False)
-            await self._admin(url, f'DROP DATABASE IF EXISTS "{self._created}" WITH (FORCE)')
-            self._created = None
-        if self._embedded is not None:
-            await asyncio.to_thread(self._embedded.stop)
-            self._embedded = None
-        if self._tmp is not None:
-            await asyncio.to_thread(shutil.rmtree, self._tmp, True)
-            self._tmp = None
+        try:
+            if self._created is not None and self._external_url is not None:
+                url = normalize_url(self._external_url).render_as_string(hide_password=False)
+                await self._admin(url, f'DROP DATABASE IF EXISTS "{self._created}" WITH (FORCE)')
+                self._created = None
+            if self._embedded is not None:
+                await asyncio.to_thread(self._embedded.stop)
+                self._embedded = None
+        finally:
+            if self._tmp is not None:
+                await asyncio.to_thread(shutil.rmtree, self._tmp, True)
+                self._tmp = None
 
     @staticmethod
     async def _admin(url: str, statement: str) -> None:

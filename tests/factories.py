@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import IntervalSchedule, OnceSchedule, Schedule
-from app.store.jobs import NewJob, db_now, job_create
+from app.store.jobs import NewJob, db_now, job_create, job_create_many
 from app.store.tables import jobs
 from app.store.targets import target_create
 from app.store.tenants import tenant_ensure
@@ -70,3 +70,30 @@ async def expire_leases(engine: AsyncEngine) -> None:
 
 def every(seconds: int) -> IntervalSchedule:
     return IntervalSchedule(seconds)
+
+
+async def make_jobs_bulk(
+    engine: AsyncEngine,
+    tenant_id: uuid.UUID,
+    target_id: uuid.UUID,
+    count: int,
+    *,
+    due_in_s: float = -1.0,
+    spread_s: float = 0.0,
+    max_attempts: int = 5,
+    backoff_base_s: float = 0.05,
+    chunk: int = 1000,
+) -> list[uuid.UUID]:
+    """Many one-off jobs in multi-row INSERTs; with `spread_s`, due times spread evenly over it."""
+    ids: list[uuid.UUID] = []
+    policy = RetryPolicy(max_attempts, backoff_base_s, backoff_base_s * 4)
+    async with engine.begin() as conn:
+        now = await db_now(conn)
+    for start in range(0, count, chunk):
+        news = []
+        for i in range(start, min(count, start + chunk)):
+            fire = now + dt.timedelta(seconds=due_in_s + spread_s * i / max(1, count))
+            news.append(NewJob(tenant_id, target_id, None, {"n": i}, 0, OnceSchedule(fire), fire, policy))
+        async with engine.begin() as conn:
+            ids.extend(row["id"] for row in await job_create_many(conn, news))
+    return ids

@@ -33,6 +33,9 @@ class Receiver:
         self.default = Reply()
         self._runner: web.AppRunner | None = None
         self.port = 0
+        # Requests being answered right now, and the most ever at once, per path.
+        self.in_flight: dict[str, int] = {}
+        self.max_in_flight: dict[str, int] = {}
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -42,7 +45,9 @@ class Receiver:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        # A deep accept queue: hundreds of deliveries connect at once in the cluster tests, and
+        # a dropped SYN would show up as a client timeout that is the receiver's fault.
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=2048)
         await site.start()
         self.port = self._runner.addresses[0][1]
 
@@ -54,10 +59,16 @@ class Receiver:
         body = await request.read()
         headers = {name.lower(): value for name, value in request.headers.items()}
         self.requests.append(Received(request.path, headers, body, time.time()))
-        reply = self.script.pop(0) if self.script else self.default
-        if reply.delay_s:
-            await asyncio.sleep(reply.delay_s)
-        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+        path = request.path
+        self.in_flight[path] = self.in_flight.get(path, 0) + 1
+        self.max_in_flight[path] = max(self.max_in_flight.get(path, 0), self.in_flight[path])
+        try:
+            reply = self.script.pop(0) if self.script else self.default
+            if reply.delay_s:
+                await asyncio.sleep(reply.delay_s)
+            return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+        finally:
+            self.in_flight[path] -= 1
 
     def webhook_ids(self) -> list[str]:
         return [r.headers["webhook-id"] for r in self.requests if "webhook-id" in r.headers]

@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
 from app.api.errors import CatchAll, install_error_handlers, problem_response
-from app.api.routes import dead_letters, health, jobs, schedules, targets
+from app.api.routes import cluster, dead_letters, health, job_control, jobs, schedules, targets
 from app.runtime import Runtime
 from app.services.loop import run_forever
 from app.services.reaper import Reaper, ReaperConfig
@@ -67,7 +67,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None, run_servic
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app)
-    for module in (targets, jobs, dead_letters, schedules, health):
+    for module in (targets, jobs, job_control, dead_letters, schedules, cluster, health):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES)
     # Added last, so it wraps everything above: nothing unexpected escapes to the server.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -58,3 +59,21 @@ async def require_tenant(
 
 
 TenantId = Annotated[uuid.UUID, Depends(require_tenant)]
+
+
+async def require_admin(
+    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """Operator endpoints take `CRONHOOK_ADMIN_API_KEY`, never a tenant's key."""
+    configured = settings.admin_api_key
+    if configured is None:
+        raise Problem(403, "the admin API is disabled: set CRONHOOK_ADMIN_API_KEY to enable it", slug="forbidden")
+    if credentials is None or not credentials.credentials:
+        raise Problem(
+            401, "missing admin key: send `Authorization: Bearer <key>`", slug="unauthorized", headers=_UNAUTHORIZED
+        )
+    if not hmac.compare_digest(credentials.credentials.encode(), configured.get_secret_value().encode()):
+        raise Problem(403, "this endpoint needs the admin key", slug="forbidden")
+
+
+Admin = Depends(require_admin)

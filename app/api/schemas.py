@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, field_validator
 
+from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
 from app.domain.states import JobState
 from app.settings import TARGET_TIMEOUT_CEILING_S
 from app.store.pagination import encode_cursor
@@ -132,6 +133,24 @@ def _check_statuses(value: list[int] | None) -> list[int] | None:
     return sorted(set(value))
 
 
+MaxInFlight = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        le=10_000,
+        description="Deliveries to this target in flight at once, across all replicas; null = unlimited",
+    ),
+]
+RatePerS = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        le=10_000,
+        description="Deliveries started per second across all replicas (token bucket, bursts of up to one "
+        "second's worth); null = unlimited",
+    ),
+]
+
 RetryStatuses = Annotated[
     list[int] | None,
     AfterValidator(_check_statuses),
@@ -149,6 +168,8 @@ class TargetCreate(RequestModel):
         default=None, description="Total deadline of one delivery; default CRONHOOK_DEFAULT_TARGET_TIMEOUT_S"
     )
     retry_on_status: RetryStatuses = None
+    max_in_flight: MaxInFlight = None
+    rate_per_s: RatePerS = None
 
     _url = field_validator("url")(_check_url)
     _headers = field_validator("headers")(_check_headers)
@@ -160,6 +181,8 @@ class TargetUpdate(RequestModel):
     headers: dict[str, str] | None = None
     timeout_s: Annotated[float | None, Field(gt=0, le=TARGET_TIMEOUT_CEILING_S)] = None
     retry_on_status: RetryStatuses = None
+    max_in_flight: MaxInFlight = None
+    rate_per_s: RatePerS = None
 
     @field_validator("url")
     @classmethod
@@ -176,6 +199,8 @@ class TargetPublic(BaseModel):
     headers: dict[str, str] = Field(description="Header names; values are redacted")
     timeout_s: float
     retry_on_status: list[int] | None
+    max_in_flight: int | None
+    rate_per_s: float | None
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -207,6 +232,40 @@ class JobCreate(RequestModel):
         default=None, description="IANA time zone for `cron` (default UTC)"
     )
     every_s: Annotated[int | None, Field(ge=1, le=366 * 86400)] = None
+    dedup_key: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = Field(
+        default=None,
+        description="Unique among this tenant's unfinished jobs: a second create with it is a 409 naming the job",
+    )
+    # Recurring jobs only (cron or every_s); defaults in README.
+    interval_mode: IntervalMode | None = Field(
+        default=None, description="every_s only: fixed_rate (default, anchored) or fixed_delay (after each run)"
+    )
+    misfire_policy: MisfirePolicy | None = Field(
+        default=None, description="Late by more than misfire_grace_s: skip, fire_once (default) or catch_up"
+    )
+    misfire_grace_s: Annotated[float | None, Field(ge=0, le=86_400)] = Field(
+        default=None, description="A fire time at most this late still counts as on time (default 60)"
+    )
+    catch_up_limit: Annotated[int | None, Field(ge=1, le=1000)] = Field(
+        default=None, description="catch_up delivers at most this many missed occurrences of a backlog (default 10)"
+    )
+    overlap_policy: OverlapPolicy | None = Field(
+        default=None,
+        description="Fire times that come due while an occurrence is in flight: forbid (default: skipped) or allow "
+        "(queued: delivered once it is done, subject to the misfire policy)",
+    )
+    start_at: AwareDatetime | None = Field(default=None, description="No fire time before this")
+    end_at: AwareDatetime | None = Field(default=None, description="No fire time after this; then the job ends")
+    max_runs: Annotated[int | None, Field(ge=1, le=10**9)] = Field(
+        default=None, description="End the job after this many delivered occurrences"
+    )
+
+
+class JobUpdate(JobCreate):
+    """PATCH /v1/jobs/{id}: only the fields sent change. A new schedule (one of run_at,
+    delay_s, cron [+ timezone], every_s) replaces the old one and recomputes the next fire time."""
+
+    target_id: uuid.UUID | None = None  # type: ignore[assignment]
 
 
 class JobPublic(BaseModel):
@@ -220,6 +279,17 @@ class JobPublic(BaseModel):
     cron: str | None
     timezone: str | None
     every_s: int | None
+    dedup_key: str | None
+    interval_mode: IntervalMode | None = Field(description="every_s jobs only")
+    misfire_policy: MisfirePolicy | None = Field(description="Recurring jobs only")
+    misfire_grace_s: float | None
+    catch_up_limit: int | None
+    overlap_policy: OverlapPolicy | None
+    start_at: dt.datetime | None
+    end_at: dt.datetime | None
+    max_runs: int | None
+    runs: int = Field(description="Occurrences delivered (succeeded or dead-lettered)")
+    ended_reason: str | None = Field(description="Why a recurring job ended: max_runs, end_at or schedule")
     next_run_at: dt.datetime | None = Field(description="When the job next becomes due (fire time or retry)")
     scheduled_for: dt.datetime = Field(description="Nominal fire time of the current occurrence")
     attempt: int
@@ -242,7 +312,12 @@ class RunPublic(BaseModel):
     finished_at: dt.datetime
     status_code: int | None
     duration_ms: int | None
-    outcome: Literal["success", "http_error", "timeout", "connection_error", "lease_expired"]
+    outcome: Literal[
+        "success", "http_error", "timeout", "connection_error", "lease_expired", "missed", "skipped_overlap"
+    ] = Field(
+        description="An attempt's result; `missed` (given up by the misfire policy) and `skipped_overlap` (came due "
+        "while the previous occurrence was in flight) are fire times never delivered (attempt 0)"
+    )
     error: str | None
 
 
@@ -321,6 +396,37 @@ class Readiness(BaseModel):
     schema_current: bool
 
 
+class ClusterPartition(BaseModel):
+    partition: int
+    epoch: int = Field(description="Rises by one on every acquisition of the partition.")
+    expires_at: dt.datetime
+
+
+class ClusterReplica(BaseModel):
+    id: str
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
+    expires_at: dt.datetime
+    partition_count: int
+    partitions: list[ClusterPartition]
+    oldest_due_at: dt.datetime | None = Field(
+        description="The oldest due, unclaimed job in this replica's partitions; null when none is waiting."
+    )
+    lag_s: float = Field(description="Seconds since `oldest_due_at` (0 when nothing is waiting).")
+
+
+class ClusterStatus(BaseModel):
+    now: dt.datetime = Field(description="The database's clock, which every lease is measured against.")
+    partition_count: int
+    replicas: list[ClusterReplica]
+    unowned_partitions: list[int] = Field(description="Partitions with no live owner (being taken over).")
+    unowned_oldest_due_at: dt.datetime | None
+
+
+def recurring(row: Any, column: str) -> Any:
+    return None if row["schedule_kind"] == "once" else row[column]
+
+
 def job_public(row: Any) -> JobPublic:
     return JobPublic(
         id=row["id"],
@@ -333,6 +439,17 @@ def job_public(row: Any) -> JobPublic:
         cron=row["cron"],
         timezone=row["timezone"] if row["schedule_kind"] == "cron" else None,
         every_s=row["every_s"],
+        dedup_key=row["dedup_key"],
+        interval_mode=row["interval_mode"] if row["schedule_kind"] == "interval" else None,
+        misfire_policy=recurring(row, "misfire_policy"),
+        misfire_grace_s=recurring(row, "misfire_grace_s"),
+        catch_up_limit=recurring(row, "catch_up_limit"),
+        overlap_policy=recurring(row, "overlap_policy"),
+        start_at=row["start_at"],
+        end_at=row["end_at"],
+        max_runs=row["max_runs"],
+        runs=row["occurrences_run"],
+        ended_reason=row["ended_reason"],
         next_run_at=row["run_at"],
         scheduled_for=row["scheduled_for"],
         attempt=row["attempt"],
@@ -360,6 +477,8 @@ def target_public(row: Any) -> TargetPublic:
         headers=headers,
         timeout_s=row["timeout_s"],
         retry_on_status=row["retry_on_status"],
+        max_in_flight=row["max_in_flight"],
+        rate_per_s=row["rate_per_s"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )

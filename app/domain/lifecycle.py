@@ -10,6 +10,7 @@ import datetime as dt
 import random
 from dataclasses import dataclass
 
+from app.domain.occurrences import NO_SKIPS, EndReason, Recurrence, Skipped, next_after_run
 from app.domain.retry import RetryPolicy, attempts_exhausted, backoff_delay
 from app.domain.schedule import Schedule, ScheduleError, next_fire_after_occurrence
 from app.domain.states import JobState
@@ -22,6 +23,13 @@ class AttemptContext:
     anchor: dt.datetime
     attempt: int  # the attempt just made, 1-based
     policy: RetryPolicy
+    # Recurring jobs: bounds, interval mode, misfire and overlap policies; None for one-offs.
+    recurrence: Recurrence | None = None
+    # Occurrences delivered before this one.
+    runs_done: int = 0
+    # When this occurrence's first attempt was claimed (fire times due by then are a
+    # backlog, not overlaps); None when not known (a retry).
+    first_claimed_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -33,8 +41,15 @@ class NextStep:
     retry_delay_s: float | None = None
     # The failed occurrence goes to the dead-letter queue.
     dead_letter: bool = False
-    # A recurring schedule that can no longer produce a fire time ended the job.
-    schedule_ended: bool = False
+    # Why a recurring job ended: "max_runs", "end_at" or "schedule" (no fire time left).
+    ended_reason: EndReason | None = None
+    # Fire times dropped because they came due while this occurrence was in flight.
+    overlapped: Skipped = NO_SKIPS
+
+    @property
+    def schedule_ended(self) -> bool:
+        """A recurring job reached its bounds, or its schedule has no fire time left."""
+        return self.ended_reason is not None
 
 
 def after_attempt(
@@ -56,15 +71,25 @@ def after_attempt(
     dead_letter = not succeeded
     # A recurring job keeps its schedule after a failed occurrence (as Cloud Scheduler does):
     # the occurrence is dead-lettered and the next one is scheduled.
-    schedule_ended = False
+    ended_reason: EndReason | None = None
+    overlapped = NO_SKIPS
     try:
-        next_at = next_fire_after_occurrence(ctx.schedule, ctx.scheduled_for, ctx.anchor, now)
+        if ctx.recurrence is None:
+            next_at = next_fire_after_occurrence(ctx.schedule, ctx.scheduled_for, ctx.anchor, now)
+        else:
+            following = next_after_run(
+                ctx.recurrence, ctx.scheduled_for, now, ctx.runs_done + 1, claimed_at=ctx.first_claimed_at
+            )
+            next_at, ended_reason, overlapped = following.next_at, following.ended, following.overlapped
     except ScheduleError:
         # The schedule has no fire time left (e.g. a date that has passed): it is complete.
         # Raising here would leave the job running and the reaper re-delivering it.
-        next_at, schedule_ended = None, True
+        next_at, ended_reason = None, "schedule"
     if next_at is not None:
-        return NextStep(JobState.SCHEDULED, next_occurrence_at=next_at, dead_letter=dead_letter)
+        return NextStep(JobState.SCHEDULED, next_occurrence_at=next_at, dead_letter=dead_letter, overlapped=overlapped)
     return NextStep(
-        JobState.DEAD if dead_letter else JobState.SUCCEEDED, dead_letter=dead_letter, schedule_ended=schedule_ended
+        JobState.DEAD if dead_letter else JobState.SUCCEEDED,
+        dead_letter=dead_letter,
+        ended_reason=ended_reason,
+        overlapped=overlapped,
     )

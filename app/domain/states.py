@@ -18,7 +18,9 @@ class JobState(enum.StrEnum):
     RUNNING = "running"
     # The last attempt failed; waiting for its backoff. The scheduler claims it again.
     RETRYING = "retrying"
-    # Terminal: a one-off job was delivered (2xx).
+    # Stopped by the user (pause) until resumed; nothing is claimed meanwhile.
+    PAUSED = "paused"
+    # Terminal: a one-off job was delivered (2xx), or a recurring one reached its bounds.
     SUCCEEDED = "succeeded"
     # Terminal: a one-off job exhausted its attempts; a dead letter keeps the last outcome.
     DEAD = "dead"
@@ -32,7 +34,7 @@ TERMINAL_STATES: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.D
 CLAIMABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING)
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.SCHEDULED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.SCHEDULED: frozenset({JobState.RUNNING, JobState.PAUSED, JobState.CANCELLED}),
     JobState.RUNNING: frozenset(
         {
             JobState.SUCCEEDED,  # one-off delivered
@@ -42,7 +44,9 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
             JobState.CANCELLED,
         }
     ),
-    JobState.RETRYING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RETRYING: frozenset({JobState.RUNNING, JobState.PAUSED, JobState.CANCELLED}),
+    # Resume: misfired fire times are settled by the misfire policy when the job is claimed.
+    JobState.PAUSED: frozenset({JobState.SCHEDULED, JobState.RETRYING, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
     JobState.DEAD: frozenset(),
     JobState.CANCELLED: frozenset(),
@@ -50,7 +54,10 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 
 # States a user may cancel from. A running job may be cancelled: its in-flight POST can
 # still land, but its outcome is then fenced off and the job stays cancelled.
-CANCELLABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING, JobState.RUNNING)
+CANCELLABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING, JobState.RUNNING, JobState.PAUSED)
+
+# States a user may pause from. A running job finishes its occurrence first (409 meanwhile).
+PAUSABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING)
 
 
 def can_transition(current: JobState, new: JobState) -> bool:

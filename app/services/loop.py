@@ -22,11 +22,22 @@ MIN_ERROR_BACKOFF_S = 0.5
 MAX_ERROR_BACKOFF_S = 10.0
 
 
+# SQLSTATEs of a server that is going away or not yet back: connection exceptions (08...)
+# and shutdown / "cannot connect now" (57P01-57P03). asyncpg reports "the database system
+# is shutting down" (57P03) as a plain DBAPIError, which must not be logged as a bug.
+_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P")
+
+
 def is_transient_db_error(exc: BaseException) -> bool:
     if isinstance(exc, TRANSIENT_DB_ERRORS):
         return True
+    if not isinstance(exc, DBAPIError):
+        return False
     # A connection dropped mid-statement (server restart) surfaces as an invalidated DBAPIError.
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+    if exc.connection_invalidated:
+        return True
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith(_OUTAGE_SQLSTATE_PREFIXES)
 
 
 class Service(Protocol):

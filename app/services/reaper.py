@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.lifecycle import after_attempt
 from app.logs import log_event
 from app.settings import Settings
+from app.store.idempotency import idempotency_key_purge_expired
 from app.store.jobs import FinishedAttempt, job_finish_attempts, job_lock_expired_leases
 from app.store.runs import AttemptOutcome
 
@@ -52,6 +53,9 @@ class Reaper:
 
     async def run_once(self) -> dict[str, int]:
         counts = {"rescued": 0, "dead_lettered": 0}
+        # Housekeeping rides along: Idempotency-Keys are kept for 24 hours.
+        async with self._engine.begin() as conn:
+            counts["idempotency_keys_purged"] = await idempotency_key_purge_expired(conn)
         async with self._engine.begin() as conn:
             expired = await job_lock_expired_leases(conn, self.config.batch_size)
             items = [

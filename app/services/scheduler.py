@@ -1,13 +1,15 @@
 """The scheduler: claims due jobs under a lease, delivers them, records each outcome.
 
-Until partition ownership lands, every scheduler claims from all partitions; SKIP LOCKED
-keeps concurrent replicas from claiming the same job, and the lease token fences a replica
-whose lease was rescued by the reaper.
+Each replica claims only from the partitions it owns (app/services/ownership.py), fenced in
+the claim statement by owner and epoch; SKIP LOCKED keeps claims disjoint even while
+ownership moves, and the per-attempt lease token fences a completion whose lease the
+reaper rescued meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import random
@@ -17,12 +19,15 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.lifecycle import after_attempt
+from app.domain.occurrences import NO_SKIPS, DuePlan, plan_due
+from app.domain.schedule import ScheduleError
 from app.logs import log_event
 from app.services.dispatcher import Dispatcher
-from app.services.loop import run_forever
+from app.services.loop import is_transient_db_error, run_forever
+from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
 from app.settings import Settings
-from app.store.jobs import ClaimedJob, FinishedAttempt, job_claim_due, job_release_claim
+from app.store.jobs import ClaimedJob, FinishedAttempt, job_claim_due, job_release_claim, job_settle_due_plan
 from app.store.runs import AttemptOutcome
 
 logger = logging.getLogger(__name__)
@@ -37,6 +42,9 @@ class SchedulerConfig:
     lease_s: float = 60.0
     max_target_timeout_s: float = 30.0
     lease_margin_s: float = 5.0
+    partition_lease_s: float = 15.0
+    partition_renew_s: float = 3.0
+    priority_aging_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.lease_s <= self.max_target_timeout_s + self.lease_margin_s:
@@ -59,6 +67,9 @@ class SchedulerConfig:
             lease_s=settings.lease_s,
             max_target_timeout_s=settings.max_target_timeout_s,
             lease_margin_s=settings.lease_margin_s,
+            partition_lease_s=settings.partition_lease_s,
+            partition_renew_s=settings.partition_renew_s,
+            priority_aging_s=settings.priority_aging_s,
         )
 
 
@@ -71,6 +82,9 @@ class Scheduler:
         self._rng = rng or random.Random()
         self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s)
         self._recorder = OutcomeRecorder(engine)
+        self.ownership = PartitionOwnership(
+            engine, config.replica_id, config.partition_lease_s, config.partition_renew_s
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self._started = False
@@ -81,7 +95,8 @@ class Scheduler:
             self._started = True
 
     async def close(self, grace_s: float | None = None) -> None:
-        """Waits for deliveries in flight (up to `grace_s`), then cancels the rest.
+        """Waits for deliveries in flight (up to `grace_s`), then cancels the rest, and hands
+        its partitions back so the other replicas take them over at once.
 
         A cancelled delivery's lease expires and the reaper retries it: nothing is lost.
         """
@@ -94,6 +109,13 @@ class Scheduler:
         await self._recorder.drain()
         await self._dispatcher.close()
         self._started = False
+        try:
+            await self.ownership.release_all()
+        except Exception as exc:
+            if not is_transient_db_error(exc):
+                raise
+            # The leases expire on their own; the other replicas take over then.
+            log_event(logger, "partitions_release_failed", logging.WARNING, error=type(exc).__name__)
 
     @property
     def in_flight(self) -> int:
@@ -103,16 +125,23 @@ class Scheduler:
         """Claims one batch and starts its deliveries; with `wait`, returns when all are recorded."""
         await self.start()
         self.wake.clear()
+        # Renew first: a replica busy at capacity must still keep its partitions.
+        await self.ownership.ensure_fresh()
         capacity = self.config.concurrency - len(self._tasks)
         if capacity <= 0:
             return {"requested": 0, "claimed": 0, "in_flight": len(self._tasks)}
         requested = min(self.config.batch_size, capacity)
+        held = self.ownership.held()
+        if not held:
+            return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
         async with self._engine.begin() as conn:
-            claimed = await job_claim_due(conn, self.config.replica_id, requested, self.config.lease_s)
+            claimed = await job_claim_due(
+                conn, self.config.replica_id, requested, self.config.lease_s, held, self.config.priority_aging_s
+            )
         claimed_mono = time.monotonic()
         batch: list[asyncio.Task[None]] = []
         for job in claimed:
-            task = asyncio.create_task(self._deliver(job, claimed_mono))
+            task = asyncio.create_task(self._deliver(job, held[job.partition], claimed_mono))
             self._tasks.add(task)
             task.add_done_callback(self._on_task_done)
             batch.append(task)
@@ -131,7 +160,12 @@ class Scheduler:
         return await self.run_once(wait=False)
 
     async def run_forever(self, stop: asyncio.Event) -> None:
-        await run_forever(self, stop, logger)
+        # Ownership rounds keep their own rhythm, so a slow claim never delays a renewal.
+        renewals = asyncio.create_task(run_forever(self.ownership, stop, logger))
+        try:
+            await run_forever(self, stop, logger)
+        finally:
+            await renewals
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         at_capacity = len(self._tasks) >= self.config.concurrency
@@ -141,15 +175,23 @@ class Scheduler:
         if not task.cancelled() and task.exception() is not None:
             log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))
 
-    async def _deliver(self, job: ClaimedJob, claimed_mono: float) -> None:
-        # Trust the lease only while it can still outlive the POST: after a stall (event loop
-        # starved, process paused) the reaper may already have handed the job to someone else.
-        if time.monotonic() > claimed_mono + self.config.post_start_window_s:
+    async def _deliver(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> None:
+        # Trust the lease only while it can still outlive the POST, and only while this replica
+        # still owns the job's partition under the epoch it claimed with: after a stall (event
+        # loop starved, process paused) the reaper or a new owner may already have the job.
+        if time.monotonic() > claimed_mono + self.config.post_start_window_s or not self.ownership.still_holds(
+            job.partition, epoch
+        ):
             # No POST was made: hand the job back without counting the attempt.
             async with self._engine.begin() as conn:
                 released = await job_release_claim(conn, job)
             log_event(logger, "lease_untrusted_released", logging.WARNING, job_id=str(job.id), released=released)
             return
+        if job.recurrence is not None and job.attempt == 1:
+            settled = await self._settle_misfire(job, claimed_mono)
+            if settled is None:
+                return
+            job = settled
         result = await self._dispatcher.deliver(job, _db_clock(job, claimed_mono))
         step = after_attempt(
             job.attempt_context(),
@@ -171,8 +213,34 @@ class Scheduler:
             )
             return
         if step.schedule_ended:
-            log_event(logger, "schedule_ended", logging.WARNING, job_id=str(job.id), state=step.state.value)
+            log_event(logger, "schedule_ended", job_id=str(job.id), state=step.state.value, reason=step.ended_reason)
         _log_outcome(job, result, step.state.value, step.dead_letter)
+
+    async def _settle_misfire(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
+        """Applies the job's misfire policy to a late occurrence; returns the job to deliver
+        (possibly for another fire time), or None when nothing is to be delivered now."""
+        assert job.recurrence is not None
+        try:
+            plan = plan_due(job.recurrence, job.scheduled_for, job.occurrences_run, _db_clock(job, claimed_mono))
+        except ScheduleError:  # no fire time left at all: the schedule is complete
+            plan = DuePlan(None, NO_SKIPS, None, "schedule")
+        if plan.deliver_at == job.scheduled_for:
+            return job
+        async with self._engine.begin() as conn:
+            applied = await job_settle_due_plan(conn, job, plan.missed, plan.deliver_at, plan.next_at, plan.ended)
+        log_event(
+            logger,
+            "occurrences_missed" if plan.missed.total else "schedule_ended",
+            job_id=str(job.id),
+            missed=plan.missed.total,
+            deliver_at=plan.deliver_at,
+            next_at=plan.next_at,
+            ended=plan.ended,
+            applied=applied,
+        )
+        if not applied or plan.deliver_at is None:
+            return None
+        return dataclasses.replace(job, scheduled_for=plan.deliver_at)
 
 
 def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:

@@ -43,6 +43,8 @@ job_state = Enum(
 )
 
 NOW = text("now()")
+# A dedup_key is held by the tenant's unfinished jobs only.
+DEDUP_KEY_LIVE = "dedup_key IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled')"
 
 
 def _ts(name: str, nullable: bool = True, default_now: bool = False) -> Column[object]:
@@ -83,10 +85,19 @@ targets = Table(
     Column("retry_on_status", ARRAY(SmallInteger)),
     # Needed in the clear to compute HMACs; only ever returned on create and rotate.
     Column("signing_secret", Text, nullable=False),
+    # Delivery limits across all replicas (NULL = unlimited): deliveries in flight at once,
+    # and a token bucket of `rate_per_s` refilled continuously, holding at most one second's
+    # worth (`rate_tokens` as of `rate_updated_at`).
+    Column("max_in_flight", Integer),
+    Column("rate_per_s", Double),
+    Column("rate_tokens", Double),
+    _ts("rate_updated_at"),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("deleted_at"),
     CheckConstraint("timeout_s > 0", name="timeout_positive"),
+    CheckConstraint("max_in_flight IS NULL OR max_in_flight >= 1", name="max_in_flight_positive"),
+    CheckConstraint("rate_per_s IS NULL OR rate_per_s > 0", name="rate_positive"),
     Index("ix_targets_tenant_created", "tenant_id", "created_at", "id"),
 )
 
@@ -108,6 +119,19 @@ jobs = Table(
     Column("cron", Text),
     Column("timezone", Text, nullable=False, server_default=text("'UTC'")),
     Column("every_s", Integer),
+    Column("interval_mode", Text, nullable=False, server_default=text("'fixed_rate'")),
+    # What to do with fire times that passed while the job could not run (app/domain/occurrences.py).
+    Column("misfire_policy", Text, nullable=False, server_default=text("'fire_once'")),
+    Column("misfire_grace_s", Double, nullable=False, server_default=text("60")),
+    Column("catch_up_limit", Integer, nullable=False, server_default=text("10")),
+    Column("overlap_policy", Text, nullable=False, server_default=text("'forbid'")),
+    # Bounds of a recurring schedule; past them the job ends `succeeded` with `ended_reason`.
+    _ts("start_at"),
+    _ts("end_at"),
+    Column("max_runs", Integer),
+    Column("ended_reason", Text),
+    # Unique among the tenant's unfinished jobs (a second create is a 409).
+    Column("dedup_key", Text),
     # Fixed-rate interval schedules count from here (the first fire time).
     _ts("schedule_anchor_at", nullable=False),
     # The current occurrence: its nominal fire time and an id stable across its retries
@@ -139,6 +163,11 @@ jobs = Table(
         name="schedule_fields_match_kind",
     ),
     CheckConstraint("every_s IS NULL OR every_s > 0", name="every_s_positive"),
+    CheckConstraint("interval_mode IN ('fixed_rate', 'fixed_delay')", name="interval_mode_valid"),
+    CheckConstraint("misfire_policy IN ('skip', 'fire_once', 'catch_up')", name="misfire_policy_valid"),
+    CheckConstraint("overlap_policy IN ('allow', 'forbid')", name="overlap_policy_valid"),
+    CheckConstraint("misfire_grace_s >= 0 AND catch_up_limit >= 1", name="misfire_bounds"),
+    CheckConstraint("max_runs IS NULL OR max_runs >= 1", name="max_runs_positive"),
     CheckConstraint("priority BETWEEN 0 AND 9", name="priority_range"),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint("backoff_factor >= 1", name="backoff_factor_at_least_one"),
@@ -151,9 +180,18 @@ jobs = Table(
         "(state IN ('scheduled', 'retrying')) = (run_at IS NOT NULL)",
         name="waiting_iff_run_at",
     ),
-    # The scheduler's claim: due jobs in run_at order.
+    # The scheduler's claim: due jobs per priority level in run_at order.
     Index(
         "ix_jobs_due",
+        "priority",
+        "run_at",
+        postgresql_where=text("state IN ('scheduled', 'retrying')"),
+    ),
+    # Per-partition due jobs: the cluster view's lag, and a shard-local claim should the
+    # table ever be distributed by partition.
+    Index(
+        "ix_jobs_partition_due",
+        "partition",
         "run_at",
         postgresql_where=text("state IN ('scheduled', 'retrying')"),
     ),
@@ -161,6 +199,15 @@ jobs = Table(
     Index("ix_jobs_lease_expires", "lease_expires_at", postgresql_where=text("state = 'running'")),
     Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
     Index("ix_jobs_target", "target_id"),
+    # Deliveries in flight per target (max_in_flight).
+    Index("ix_jobs_target_running", "target_id", postgresql_where=text("state = 'running'")),
+    Index(
+        "ix_jobs_tenant_dedup_key",
+        "tenant_id",
+        "dedup_key",
+        unique=True,
+        postgresql_where=text(DEDUP_KEY_LIVE),
+    ),
 )
 
 runs = Table(
@@ -180,7 +227,8 @@ runs = Table(
     Column("outcome", Text, nullable=False),
     Column("error", Text),
     CheckConstraint(
-        "outcome IN ('success', 'http_error', 'timeout', 'connection_error', 'lease_expired')",
+        "outcome IN ('success', 'http_error', 'timeout', 'connection_error', 'lease_expired', "
+        "'missed', 'skipped_overlap')",
         name="outcome_valid",
     ),
     Index("ix_runs_job", "job_id", "id"),
@@ -206,4 +254,47 @@ dead_letters = Table(
     # One dead letter per occurrence, even if two processes race to write it.
     UniqueConstraint("occurrence_id"),
     Index("ix_dead_letters_tenant_created", "tenant_id", "created_at", "id"),
+)
+
+# Scheduler replicas announce themselves here; a replica whose `expires_at` has passed is
+# gone, and the others divide its partitions among themselves.
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("id", Text, primary_key=True),
+    _ts("started_at", nullable=False, default_now=True),
+    _ts("heartbeat_at", nullable=False, default_now=True),
+    _ts("expires_at", nullable=False),
+)
+
+# One row per virtual partition (created by migration 0003): who may claim its jobs, until
+# when, and an epoch that rises on every acquisition, so a stale owner is told apart from
+# a current one even if it uses the same name.
+partition_leases = Table(
+    "partition_leases",
+    metadata,
+    Column("partition", SmallInteger, primary_key=True, autoincrement=False),
+    Column("owner", Text),
+    Column("epoch", BigInteger, nullable=False, server_default=text("0")),
+    _ts("expires_at"),
+    _ts("acquired_at"),
+    CheckConstraint(f"partition >= 0 AND partition < {PARTITION_COUNT}", name="partition_range"),
+    CheckConstraint("(owner IS NULL) = (expires_at IS NULL)", name="owner_iff_expiry"),
+)
+
+# Idempotency-Key: the first response to a (tenant, endpoint, key), replayed for 24 hours to
+# a retry with the same body. The row is inserted in the request's own transaction, so a
+# concurrent duplicate waits on it and then sees the committed response.
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True),
+    Column("endpoint", Text, primary_key=True),
+    Column("key", Text, primary_key=True),
+    # SHA-256 of the canonical request body: the same key with another body is refused.
+    Column("request_hash", Text, nullable=False),
+    Column("status_code", Integer),
+    Column("response", JSONB),
+    _ts("created_at", nullable=False, default_now=True),
+    Index("ix_idempotency_keys_created", "created_at"),
 )

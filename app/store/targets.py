@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import Double, and_, func, literal, or_, select, update
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -23,6 +25,8 @@ PUBLIC_COLUMNS = (
     targets.c.headers,
     targets.c.timeout_s,
     targets.c.retry_on_status,
+    targets.c.max_in_flight,
+    targets.c.rate_per_s,
     targets.c.created_at,
     targets.c.updated_at,
 )
@@ -40,6 +44,8 @@ async def target_create(
     headers: dict[str, str],
     timeout_s: float,
     retry_on_status: list[int] | None = None,
+    max_in_flight: int | None = None,
+    rate_per_s: float | None = None,
 ) -> tuple[RowMapping, str]:
     """Returns the public row and the new signing secret."""
     secret = new_signing_secret()
@@ -52,6 +58,8 @@ async def target_create(
             headers=headers,
             timeout_s=timeout_s,
             retry_on_status=retry_on_status,
+            max_in_flight=max_in_flight,
+            rate_per_s=rate_per_s,
             signing_secret=secret,
         )
         .returning(*PUBLIC_COLUMNS)
@@ -81,6 +89,9 @@ async def target_list(
 async def target_update(
     conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID, changes: dict[str, Any]
 ) -> RowMapping | None:
+    if "rate_per_s" in changes:
+        # A new rate starts with a full bucket.
+        changes = {**changes, "rate_tokens": None, "rate_updated_at": None}
     stmt = (
         update(targets)
         .where(_live(tenant_id, target_id))
@@ -88,6 +99,16 @@ async def target_update(
         .returning(*PUBLIC_COLUMNS)
     )
     return (await conn.execute(stmt)).mappings().one_or_none()
+
+
+async def target_get_signing_secret(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> str:
+    """The target's current secret, for replaying its create response (stored without it).
+
+    Soft-deleted targets included, so a replay answers what the create answered.
+    """
+    stmt = select(targets.c.signing_secret).where(targets.c.id == target_id, targets.c.tenant_id == tenant_id)
+    secret: str = (await conn.execute(stmt)).scalar_one()
+    return secret
 
 
 async def target_rotate_secret(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> str | None:
@@ -143,3 +164,78 @@ async def target_lock_live_many(
         .with_for_update(read=True)
     )
     return set((await conn.execute(stmt)).scalars().all())
+
+
+# Delivery limits. A target's token bucket holds at most one second's worth of tokens (at
+# least one); tokens accrue continuously at `rate_per_s` from `rate_updated_at`.
+def _bucket_capacity() -> Any:
+    return func.greatest(targets.c.rate_per_s, 1.0)
+
+
+def _tokens_now() -> Any:
+    elapsed = func.extract("epoch", func.now() - func.coalesce(targets.c.rate_updated_at, func.now()))
+    return func.least(
+        _bucket_capacity(), func.coalesce(targets.c.rate_tokens, _bucket_capacity()) + targets.c.rate_per_s * elapsed
+    )
+
+
+def _in_flight() -> Any:
+    running = jobs.alias("running")
+    return (
+        select(func.count()).where(running.c.target_id == targets.c.id, running.c.state == "running").scalar_subquery()
+    )
+
+
+def target_saturated_ids() -> Any:
+    """Targets that can take no delivery right now (at max_in_flight, or out of tokens)."""
+    return select(targets.c.id).where(
+        or_(
+            and_(targets.c.max_in_flight.is_not(None), _in_flight() >= targets.c.max_in_flight),
+            and_(targets.c.rate_per_s.is_not(None), _tokens_now() < 1),
+        )
+    )
+
+
+async def target_take_delivery_slots(conn: AsyncConnection, wanted: dict[uuid.UUID, int]) -> dict[uuid.UUID, int]:
+    """How many of `wanted` deliveries each limited target may start now; takes the tokens.
+
+    The targets' rows are locked (in id order) until the claim commits, so concurrent claims
+    on any replica see each other's deliveries and tokens: the limits hold cluster-wide.
+    """
+    # Lock first, read after: a statement that waited for the lock still counts in-flight
+    # jobs from the snapshot it started with, which misses the claim it waited for.
+    lock = select(targets.c.id).where(targets.c.id.in_(list(wanted))).order_by(targets.c.id).with_for_update()
+    await conn.execute(lock)
+    stmt = select(
+        targets.c.id,
+        targets.c.max_in_flight,
+        targets.c.rate_per_s,
+        _tokens_now().label("tokens"),
+        _in_flight().label("in_flight"),
+    ).where(targets.c.id.in_(list(wanted)))
+    granted: dict[uuid.UUID, int] = {}
+    tokens_left: dict[uuid.UUID, float] = {}
+    for row in await conn.execute(stmt):
+        allowed = wanted[row.id]
+        if row.max_in_flight is not None:
+            allowed = min(allowed, max(0, row.max_in_flight - row.in_flight))
+        if row.rate_per_s is not None:
+            allowed = min(allowed, max(0, math.floor(row.tokens)))
+            tokens_left[row.id] = row.tokens - allowed
+        granted[row.id] = allowed
+    if tokens_left:
+        # Every rate-limited target's bucket in one statement.
+        left = (
+            func.unnest(
+                literal(list(tokens_left), ARRAY(UUID(as_uuid=True))),
+                literal(list(tokens_left.values()), ARRAY(Double)),
+            )
+            .table_valued("id", "tokens")
+            .render_derived(name="left_")
+        )
+        await conn.execute(
+            update(targets)
+            .where(targets.c.id == left.c.id)
+            .values(rate_tokens=left.c.tokens, rate_updated_at=func.now())
+        )
+    return granted

@@ -1,8 +1,10 @@
-"""PostgreSQL restarts under a running `cronhook scheduler`: it backs off, reconnects, and
-nothing is lost or delivered twice. The test owns its server (its own embedded instance)."""
+"""PostgreSQL restarts under running `cronhook scheduler` and `cronhook reaper` processes: they
+back off, reconnect, and nothing is lost or delivered twice; partition epochs never go down.
+The test owns its server (its own embedded instance)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import signal
 import subprocess
@@ -15,10 +17,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
 from app.db.migrate import migrate_to_head
-from app.store.tables import jobs
+from app.store.tables import jobs, partition_leases
 from tests.e2e.test_processes import CRONHOOK, base_env
 from tests.factories import make_jobs, make_tenant_and_target
 from tests.receiver import Receiver, wait_for
@@ -44,26 +47,46 @@ def pg_ctl(server: Any, *args: str) -> None:
     pgexec("pg_ctl", ("-w", "-D", str(server.pgdata), *args), bin_path=server.bin_path, user=server.system_user)
 
 
-async def test_scheduler_survives_a_postgres_restart(own_server: Any, receiver: Receiver, tmp_path: Path) -> None:
+async def epochs(engine: AsyncEngine) -> dict[int, int]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(select(partition_leases.c.partition, partition_leases.c.epoch))
+        return {row.partition: row.epoch for row in rows}
+
+
+async def test_replicas_and_reapers_survive_a_postgres_restart(
+    own_server: Any, receiver: Receiver, tmp_path: Path
+) -> None:
     url = own_server.get_uri(driver="asyncpg")
     engine = create_engine(url, pool_size=2)
     await migrate_to_head(engine)
     tenant, target = await make_tenant_and_target(engine, receiver.url())
-    log_path = tmp_path / "scheduler.log"
-    env = base_env(CRONHOOK_DATABASE_URL=url, CRONHOOK_POLL_INTERVAL_S="0.1")
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([CRONHOOK, "scheduler"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    log_path = tmp_path / "scheduler-1.log"
+    env = base_env(
+        CRONHOOK_DATABASE_URL=url,
+        CRONHOOK_POLL_INTERVAL_S="0.1",
+        CRONHOOK_PARTITION_LEASE_S="2",
+        CRONHOOK_PARTITION_RENEW_S="0.4",
+        CRONHOOK_REAPER_INTERVAL_S="0.5",
+    )
+    procs = []
+    for name in ("scheduler-1", "scheduler-2", "reaper-1", "reaper-2"):
+        with (tmp_path / f"{name}.log").open("wb") as log:
+            role = name.split("-")[0]
+            procs.append(subprocess.Popen([CRONHOOK, role], env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
         await make_jobs(engine, tenant, target, 100)
-        await wait_for(lambda: len(receiver.requests) >= 100, timeout=20, message="first 100")
+        await wait_for(lambda: len(receiver.requests) >= 100, timeout=30, message="first 100")
         # More jobs fall due while the database is down.
         await make_jobs(engine, tenant, target, 100, due_in_s=2)
+        before = await epochs(engine)
         await engine.dispose()
 
         pg_ctl(own_server, "stop", "-m", "fast")
         await wait_for(
             lambda: "scheduler_db_unavailable" in log_path.read_text(), timeout=20, message="scheduler saw the outage"
         )
+        # The outage outlasts the partition lease (2 s): every lease must be taken anew.
+        await asyncio.sleep(2.5)
         # pgserver's own start routine, so its handle tracks the new postmaster for cleanup.
         with own_server._lock:
             own_server._postmaster_info = None
@@ -77,8 +100,17 @@ async def test_scheduler_survives_a_postgres_restart(own_server: Any, receiver: 
         await wait_for(all_succeeded, timeout=40, interval=0.25, message="all jobs succeeded after the restart")
         ids = Counter(receiver.webhook_ids())
         assert len(ids) == 200 and max(ids.values()) == 1
-        assert proc.poll() is None  # still running: it rode out the outage
+        assert all(proc.poll() is None for proc in procs)  # still running: they rode out the outage
+        after = await epochs(engine)
+        # Leases ran out during the outage and were taken again under higher epochs, never lower.
+        assert all(after[p] >= before[p] for p in before) and sum(after.values()) > sum(before.values())
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:  # a failed run may leave the server down
+                proc.kill()
+                proc.wait()
         await engine.dispose()

@@ -5,26 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.services.scheduler import Scheduler, SchedulerConfig
-from app.settings import Settings
+from app.services.scheduler import Scheduler
 from tests.conftest import make_job, make_target, new_tenant
 from tests.receiver import Receiver, Reply, wait_for
-
-
-@pytest.fixture
-async def scheduler(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Scheduler]:
-    sched = Scheduler(engine, SchedulerConfig.from_settings(settings))
-    try:
-        yield sched
-    finally:
-        await sched.close(grace_s=5)
 
 
 async def letters(client: httpx.AsyncClient, auth: dict[str, str], **params: Any) -> list[dict[str, Any]]:
@@ -167,12 +155,11 @@ async def test_bulk_replay_by_filter_is_rate_capped_and_skips_what_was_replayed(
         return states == ["succeeded"] * 3
 
     await wait_for(delivered, timeout=15, message="bulk replays delivered")
-    started = []
-    for job_id in job_ids:
+    for job_id, due_at in zip(job_ids, due, strict=True):
         (run,) = (await client.get(f"/v1/jobs/{job_id}/runs", headers=auth)).json()["items"]
-        started.append(dt.datetime.fromisoformat(run["started_at"]))
-    # Spread over a second as scheduled, not all at once.
-    assert (max(started) - min(started)).total_seconds() >= 0.95
+        # The cap holds because no replay starts before its staggered due time (both on the
+        # database's clock). How late each one starts depends on the poll, so that is not asserted.
+        assert dt.datetime.fromisoformat(run["started_at"]) >= due_at
 
 
 async def test_a_target_can_choose_which_statuses_to_retry(

@@ -6,11 +6,9 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks.webhooks import Webhook
 
@@ -19,16 +17,6 @@ from app.services.scheduler import Scheduler, SchedulerConfig
 from app.settings import Settings
 from tests.conftest import make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
-
-
-@pytest.fixture
-async def scheduler(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Scheduler]:
-    config = SchedulerConfig.from_settings(settings)
-    sched = Scheduler(engine, config)
-    try:
-        yield sched
-    finally:
-        await sched.close(grace_s=5)
 
 
 async def drive(scheduler: Scheduler, until: Any, timeout: float = 15.0, message: str = "") -> None:
@@ -284,11 +272,13 @@ async def test_a_claim_too_old_to_trust_is_released_without_a_post(
 
     target = await make_target(client, auth, receiver.url())
     job = await make_job(client, auth, target["id"], max_attempts=1)
+    await scheduler.ownership.run_once()
+    held = scheduler.ownership.held()
     async with engine.begin() as conn:
-        (claimed,) = await job_claim_due(conn, scheduler.config.replica_id, 1, scheduler.config.lease_s)
+        (claimed,) = await job_claim_due(conn, scheduler.config.replica_id, 1, scheduler.config.lease_s, held)
     # As if the process had stalled since the claim for longer than the lease can cover.
     stalled_since = time_module.monotonic() - scheduler.config.lease_s
-    await scheduler._deliver(claimed, stalled_since)
+    await scheduler._deliver(claimed, held[claimed.partition], stalled_since)
     assert receiver.requests == []
     released = await get_job(client, auth, job["id"])
     assert released["state"] == "scheduled" and released["attempt"] == 0

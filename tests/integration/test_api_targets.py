@@ -104,3 +104,17 @@ async def test_other_tenants_cannot_touch_a_target(
     assert (await client.delete(path, headers=other)).status_code == 404
     assert (await client.post(f"{path}/rotate-secret", headers=other)).status_code == 404
     assert (await client.get(path, headers=auth)).json()["name"] == target["name"]
+
+
+async def test_delivery_limits_are_validated_set_and_cleared(client: httpx.AsyncClient, auth: dict[str, str]) -> None:
+    for bad, field in (({"max_in_flight": 0}, "max_in_flight"), ({"rate_per_s": -1}, "rate_per_s")):
+        response = await client.post("/v1/targets", json={"name": "t", "url": "http://x.test/", **bad}, headers=auth)
+        assert response.status_code == 422 and field in response.text
+    created = await client.post(
+        "/v1/targets",
+        json={"name": "t", "url": "http://x.test/", "max_in_flight": 4, "rate_per_s": 2.5},
+        headers=auth,
+    )
+    assert (created.json()["max_in_flight"], created.json()["rate_per_s"]) == (4, 2.5)
+    cleared = await client.patch(f"/v1/targets/{created.json()['id']}", json={"max_in_flight": None}, headers=auth)
+    assert (cleared.json()["max_in_flight"], cleared.json()["rate_per_s"]) == (None, 2.5)

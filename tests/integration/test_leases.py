@@ -46,7 +46,11 @@ async def test_a_stale_lease_cannot_record_an_outcome(engine: AsyncEngine) -> No
         (first,) = await job_claim_due(conn, "slow-replica", 10, 30)
     # The slow replica's lease expires; the reaper hands the job back and another claims it.
     await expire_leases(engine)
-    assert await Reaper(engine, ReaperConfig()).run_once() == {"rescued": 1, "dead_lettered": 0}
+    assert await Reaper(engine, ReaperConfig()).run_once() == {
+        "rescued": 1,
+        "dead_lettered": 0,
+        "idempotency_keys_purged": 0,
+    }
     async with engine.begin() as conn:
         await conn.execute(jobs.update().values(run_at=func.now()).where(jobs.c.state == "retrying"))
         (second,) = await job_claim_due(conn, "fast-replica", 10, 30)
@@ -97,7 +101,11 @@ async def test_reaper_leaves_live_leases_alone(engine: AsyncEngine) -> None:
     await make_jobs(engine, tenant, target, 3)
     async with engine.begin() as conn:
         await job_claim_due(conn, "alive", 10, 30)
-    assert await Reaper(engine, ReaperConfig()).run_once() == {"rescued": 0, "dead_lettered": 0}
+    assert await Reaper(engine, ReaperConfig()).run_once() == {
+        "rescued": 0,
+        "dead_lettered": 0,
+        "idempotency_keys_purged": 0,
+    }
     assert (await states(engine)) == Counter({"running": 3})
 
 

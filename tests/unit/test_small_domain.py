@@ -63,3 +63,22 @@ def test_lease_shorter_than_http_deadline_is_refused_at_start() -> None:
     with pytest.raises(ValidationError, match="CRONHOOK_LEASE_S"):
         Settings(lease_s=20, max_target_timeout_s=30)
     assert Settings(lease_s=40, max_target_timeout_s=30).lease_s == 40
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "transient"),
+    [("57P03", True), ("57P01", True), ("08006", True), ("23505", False), ("57014", False), (None, False)],
+)
+def test_a_server_shutting_down_is_an_outage_and_a_constraint_violation_is_not(
+    sqlstate: str | None, transient: bool
+) -> None:
+    from sqlalchemy.exc import DBAPIError
+
+    from app.services.loop import is_transient_db_error
+
+    class DriverError(Exception):
+        pass
+
+    orig = DriverError("the database system is shutting down")
+    orig.sqlstate = sqlstate  # type: ignore[attr-defined]
+    assert is_transient_db_error(DBAPIError("SELECT 1", {}, orig)) is transient

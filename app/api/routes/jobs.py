@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
+from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.schemas import JobCreate, JobPublic, Page, RunPublic, job_public, page_of
+from app.domain.occurrences import Bounds, Recurrence, first_fire_time
 from app.domain.retry import RetryPolicy
-from app.domain.schedule import resolve_schedule
+from app.domain.schedule import IntervalSchedule, OnceSchedule, Schedule, ScheduleError, resolve_schedule
 from app.domain.states import JobState
 from app.settings import Settings
 from app.store import jobs as store
@@ -36,17 +39,28 @@ def ensure_payload_fits(payload: object, settings: Settings) -> None:
         )
 
 
-@router.post("", status_code=201, operation_id="createJob")
-async def create_job(body: JobCreate, tenant_id: TenantId, conn: Conn, settings: SettingsDep) -> JobPublic:
+@router.post("", status_code=201, operation_id="createJob", responses=REPLAYED_RESPONSE_DOC)
+async def create_job(
+    body: JobCreate,
+    tenant_id: TenantId,
+    conn: Conn,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> JobPublic:
+    idempotent = IdempotentRequest(conn, tenant_id, "POST /v1/jobs", idempotency_key, body)
+    if (replay := await idempotent.begin()) is not None:
+        return JobPublic.model_validate(replay.apply(response))
     ensure_payload_fits(body.payload, settings)
-    policy = RetryPolicy(
-        max_attempts=body.max_attempts or settings.default_max_attempts,
-        backoff_base_s=body.backoff_base_s or settings.default_backoff_base_s,
-        backoff_max_s=body.backoff_max_s or settings.default_backoff_max_s,
-        backoff_factor=body.backoff_factor or settings.default_backoff_factor,
+    policy = retry_policy(
+        body,
+        RetryPolicy(
+            settings.default_max_attempts,
+            settings.default_backoff_base_s,
+            settings.default_backoff_max_s,
+            settings.default_backoff_factor,
+        ),
     )
-    if policy.backoff_max_s < policy.backoff_base_s:
-        raise Problem(422, "must be at least backoff_base_s", slug="validation", field="backoff_max_s")
     now = await store.db_now(conn)
     schedule, first_fire_at = resolve_schedule(
         run_at=body.run_at,
@@ -56,23 +70,103 @@ async def create_job(body: JobCreate, tenant_id: TenantId, conn: Conn, settings:
         every_s=body.every_s,
         now=now,
     )
+    recurrence, anchor_at, first_fire_at = plan_recurrence(body, schedule, first_fire_at, now)
     # Unknown and foreign targets look the same: a tenant learns nothing of others' ids.
     if not await target_lock_live(conn, tenant_id, body.target_id):
         raise Problem(422, "no such target", slug="validation", field="target_id")
-    row = await store.job_create(
-        conn,
-        store.NewJob(
-            tenant_id=tenant_id,
-            target_id=body.target_id,
-            name=body.name,
-            payload=body.payload,
-            priority=body.priority,
-            schedule=schedule,
-            first_fire_at=first_fire_at,
-            policy=policy,
-        ),
+    new = store.NewJob(
+        tenant_id=tenant_id,
+        target_id=body.target_id,
+        name=body.name,
+        payload=body.payload,
+        priority=body.priority,
+        schedule=schedule,
+        first_fire_at=first_fire_at,
+        policy=policy,
+        dedup_key=body.dedup_key,
+        recurrence=recurrence,
+        anchor_at=anchor_at,
     )
-    return job_public(row)
+    if new.dedup_key is None:
+        row = await store.job_create(conn, new)
+    else:
+        created, holder = await store.job_create_unless_duplicate(conn, new)
+        if created is None:
+            raise Problem(
+                409,
+                f"an unfinished job already has this dedup_key: {holder}",
+                slug="duplicate-job",
+                field="dedup_key",
+                extra={"job_id": str(holder)},
+            )
+        row = created
+    job = job_public(row)
+    await idempotent.finish(201, job)
+    return job
+
+
+def retry_policy(body: JobCreate, base: RetryPolicy) -> RetryPolicy:
+    """The request's retry fields over `base` (the defaults, or the job's current policy)."""
+    policy = RetryPolicy(
+        max_attempts=body.max_attempts or base.max_attempts,
+        backoff_base_s=body.backoff_base_s or base.backoff_base_s,
+        backoff_max_s=body.backoff_max_s or base.backoff_max_s,
+        backoff_factor=body.backoff_factor or base.backoff_factor,
+    )
+    if policy.backoff_max_s < policy.backoff_base_s:
+        raise Problem(422, "must be at least backoff_base_s", slug="validation", field="backoff_max_s")
+    return policy
+
+
+RECURRENCE_FIELDS = (
+    "interval_mode",
+    "misfire_policy",
+    "misfire_grace_s",
+    "catch_up_limit",
+    "overlap_policy",
+    "start_at",
+    "end_at",
+    "max_runs",
+)
+
+
+def plan_recurrence(
+    body: JobCreate,
+    schedule: Schedule,
+    first_fire_at: dt.datetime,
+    now: dt.datetime,
+    current: Recurrence | None = None,
+) -> tuple[Recurrence | None, dt.datetime, dt.datetime]:
+    """A recurring job's policies and bounds (the request's, over `current`'s), with its
+    anchor and first fire time; one-off jobs get None and keep their fire time."""
+    given = [f for f in RECURRENCE_FIELDS if f in body.model_fields_set and getattr(body, f) is not None]
+    if isinstance(schedule, OnceSchedule):
+        if given:
+            raise ScheduleError(given[0], "applies only to a recurring job (cron or every_s)")
+        return None, first_fire_at, first_fire_at
+    if body.interval_mode is not None and not isinstance(schedule, IntervalSchedule):
+        raise ScheduleError("interval_mode", "applies only to an every_s schedule")
+    base = current or Recurrence(schedule, first_fire_at)
+    bounds = Bounds(
+        body.start_at if body.start_at is not None else base.bounds.start_at,
+        body.end_at if body.end_at is not None else base.bounds.end_at,
+        body.max_runs if body.max_runs is not None else base.bounds.max_runs,
+    )
+    first = first_fire_time(schedule, bounds, now)
+    if first is None:
+        raise ScheduleError("end_at", "the schedule never fires before end_at")
+    anchor, first_at = first
+    recurrence = Recurrence(
+        schedule=schedule,
+        anchor=anchor,
+        interval_mode=body.interval_mode or base.interval_mode,
+        misfire_policy=body.misfire_policy or base.misfire_policy,
+        misfire_grace_s=body.misfire_grace_s if body.misfire_grace_s is not None else base.misfire_grace_s,
+        catch_up_limit=body.catch_up_limit or base.catch_up_limit,
+        overlap_policy=body.overlap_policy or base.overlap_policy,
+        bounds=bounds,
+    )
+    return recurrence, anchor, first_at
 
 
 @router.get("", operation_id="listJobs")

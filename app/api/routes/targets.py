@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Response
 
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
+from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.schemas import (
     Page,
     TargetCreate,
@@ -38,8 +39,21 @@ def _check_timeout(settings: Settings, timeout_s: float | None) -> None:
         )
 
 
-@router.post("", status_code=201, operation_id="createTarget")
-async def create_target(body: TargetCreate, tenant_id: TenantId, conn: Conn, settings: SettingsDep) -> TargetWithSecret:
+@router.post("", status_code=201, operation_id="createTarget", responses=REPLAYED_RESPONSE_DOC)
+async def create_target(
+    body: TargetCreate,
+    tenant_id: TenantId,
+    conn: Conn,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> TargetWithSecret:
+    idempotent = IdempotentRequest(conn, tenant_id, "POST /v1/targets", idempotency_key, body)
+    if (replay := await idempotent.begin()) is not None:
+        # Stored without the secret; the replay carries the target's current one.
+        replayed = TargetPublic.model_validate(replay.apply(response))
+        current_secret = await store.target_get_signing_secret(conn, tenant_id, replayed.id)
+        return TargetWithSecret(**replayed.model_dump(), secret=current_secret)
     _check_timeout(settings, body.timeout_s)
     row, secret = await store.target_create(
         conn,
@@ -49,8 +63,12 @@ async def create_target(body: TargetCreate, tenant_id: TenantId, conn: Conn, set
         headers=body.headers or {},
         timeout_s=body.timeout_s or settings.default_target_timeout_s,
         retry_on_status=body.retry_on_status,
+        max_in_flight=body.max_in_flight,
+        rate_per_s=body.rate_per_s,
     )
-    return TargetWithSecret(**target_public(row).model_dump(), secret=secret)
+    created = TargetWithSecret(**target_public(row).model_dump(), secret=secret)
+    await idempotent.finish(201, created, exclude={"secret"})
+    return created
 
 
 @router.get("", operation_id="listTargets")

@@ -1,0 +1,429 @@
+"""What a recurring job does at each occurrence: bounds, misfires, overlap and catch-up.
+
+This module owns the scheduling semantics of cron and interval jobs; the fire-time math
+itself stays in app/domain/schedule.py and app/domain/cron.py. Pure functions: `now` is
+always passed in, there is no I/O, and every datetime returned is an aware UTC datetime.
+
+The scheduler calls, in this order:
+- first_fire_time when a job is created (bounds decide its anchor and first fire time),
+- plan_due when it claims a due occurrence (the misfire policy decides what to deliver),
+- next_after_run when that occurrence is done (the overlap policy decides what comes next).
+Deliveries of one job never run concurrently: the next occurrence is only planned once the
+current one is done, so overlap means fire times that came due while one was in flight.
+
+Bounded counting
+    A job every second that was down for a year has 31M missed fire times, so nothing here
+    walks a backlog one fire time at a time. Interval fire times are a grid, counted
+    arithmetically (O(1)). Cron fire times are enumerated at most CRON_COUNT_BUDGET at a
+    time; past that a Skipped is flagged truncated and its total is a lower bound. Which
+    occurrence to deliver never depends on that count: it is found by jumping, either
+    "first fire time after t" or a search backwards from `now` (see _CronTimes.kth_latest),
+    so the decision stays exact however large the backlog.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import math
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol
+
+from app.domain.cron import MAX_UPCOMING, CronSpec, parse_cron, upcoming
+from app.domain.priority import effective_priority
+from app.domain.schedule import CronSchedule, IntervalSchedule, ScheduleError, next_cron_fire, next_interval_fire
+
+__all__ = [
+    "CRON_COUNT_BUDGET",
+    "MAX_CATCH_UP_LIMIT",
+    "MAX_RECORDED_SKIPS",
+    "NO_SKIPS",
+    "Bounds",
+    "DuePlan",
+    "EndReason",
+    "IntervalMode",
+    "MisfirePolicy",
+    "NextAfterRun",
+    "OverlapPolicy",
+    "Recurrence",
+    "Skipped",
+    "effective_priority",
+    "first_fire_time",
+    "next_after_run",
+    "plan_due",
+]
+
+UTC = dt.UTC
+
+# At most this many skipped fire times are returned one by one; counts stay exact or
+# are flagged truncated.
+MAX_RECORDED_SKIPS: Final = 100
+# A cron backlog is enumerated up to this many fire times (about 0.1 s) to count it; a
+# larger one gets a lower-bound total flagged truncated.
+CRON_COUNT_BUDGET: Final = 2_000
+# Catching up finds the catch_up_limit-th latest fire time with batches of that size,
+# which croniter enumeration (app.domain.cron.upcoming) caps.
+MAX_CATCH_UP_LIMIT: Final = MAX_UPCOMING
+
+# Datetimes have microsecond resolution: t < x is t <= x - _TICK.
+_TICK: Final = dt.timedelta(microseconds=1)
+
+# "schedule": a cron expression with no fire time left (raised as ScheduleError by the math).
+EndReason = Literal["max_runs", "end_at", "schedule"]
+
+
+class IntervalMode(enum.StrEnum):
+    # Fire times are anchor + k * every_s, whatever a delivery takes.
+    FIXED_RATE = "fixed_rate"
+    # The next fire time is every_s after the previous occurrence finished.
+    FIXED_DELAY = "fixed_delay"
+
+
+class MisfirePolicy(enum.StrEnum):
+    """What to deliver when an occurrence is claimed more than misfire_grace_s late."""
+
+    SKIP = "skip"
+    FIRE_ONCE = "fire_once"
+    CATCH_UP = "catch_up"
+
+
+class OverlapPolicy(enum.StrEnum):
+    """What becomes of fire times that come due while an occurrence is in flight."""
+
+    ALLOW = "allow"
+    FORBID = "forbid"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    start_at: dt.datetime | None = None
+    end_at: dt.datetime | None = None  # inclusive: a fire time equal to end_at fires
+    max_runs: int | None = None  # delivered occurrences (missed or skipped ones do not count)
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    schedule: CronSchedule | IntervalSchedule
+    anchor: dt.datetime  # fixed-rate intervals count from here
+    interval_mode: IntervalMode = IntervalMode.FIXED_RATE
+    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE
+    misfire_grace_s: float = 60.0  # a fire time at most this late still counts as on time
+    catch_up_limit: int = 10  # catch_up delivers at most this many missed occurrences of one backlog
+    overlap_policy: OverlapPolicy = OverlapPolicy.FORBID
+    bounds: Bounds = Bounds()
+
+    def __post_init__(self) -> None:
+        _check_aware("anchor", self.anchor)
+        _validate_bounds(self.bounds)
+        if isinstance(self.schedule, IntervalSchedule) and self.schedule.every_s <= 0:
+            raise ScheduleError("every_s", "must be greater than 0")
+        if not (math.isfinite(self.misfire_grace_s) and self.misfire_grace_s >= 0):
+            raise ScheduleError("misfire_grace_s", "must be a number of seconds, 0 or more")
+        if not 1 <= self.catch_up_limit <= MAX_CATCH_UP_LIMIT:
+            raise ScheduleError("catch_up_limit", f"must be between 1 and {MAX_CATCH_UP_LIMIT}")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    times: tuple[dt.datetime, ...]  # the first MAX_RECORDED_SKIPS skipped nominal fire times, ascending
+    total: int  # how many were skipped (exact when not truncated)
+    truncated: bool  # True when counting was cut off (cron over a huge window); then total is a lower bound
+
+
+NO_SKIPS: Final = Skipped((), 0, False)
+
+
+@dataclass(frozen=True)
+class DuePlan:
+    # The nominal fire time of the occurrence to deliver now, or None to deliver nothing.
+    deliver_at: dt.datetime | None
+    # Fire times given up (beyond the misfire grace); they are never delivered.
+    missed: Skipped
+    # Only when nothing is delivered: the fire time to claim the job at next (None if it
+    # ended). When something is delivered it is None: next_after_run decides once it is done.
+    next_at: dt.datetime | None
+    ended: EndReason | None
+
+
+@dataclass(frozen=True)
+class NextAfterRun:
+    next_at: dt.datetime | None  # may be in the past: then it is claimed at once and plan_due applies
+    ended: EndReason | None
+    overlapped: Skipped  # fire times dropped because they came due while the occurrence was in flight
+
+
+def first_fire_time(
+    schedule: CronSchedule | IntervalSchedule, bounds: Bounds, now: dt.datetime
+) -> tuple[dt.datetime, dt.datetime] | None:
+    """A new job's (anchor, first fire time), or None when the bounds leave no fire time.
+
+    The first fire time is never in the past: at or after start_at when that is still
+    ahead, otherwise (as without start_at) after `now`. An interval with start_at is anchored
+    there, so its fire times stay on start_at's grid. Raises ScheduleError for invalid bounds.
+    """
+    _validate_bounds(bounds)
+    start_at = None if bounds.start_at is None else bounds.start_at.astimezone(UTC)
+    if isinstance(schedule, CronSchedule):
+        if start_at is not None and start_at >= now:
+            first = next_cron_fire(schedule, start_at - _TICK)  # start_at itself may fire
+        else:
+            first = next_cron_fire(schedule, now)
+        anchor = first
+    elif start_at is None:
+        anchor = first = (now + dt.timedelta(seconds=schedule.every_s)).astimezone(UTC)
+    else:
+        anchor = start_at
+        # The first grid point at or after now; a start_at still ahead is itself the first.
+        first = start_at if start_at >= now else next_interval_fire(schedule, start_at, now - _TICK)
+    if bounds.end_at is not None and first > bounds.end_at:
+        return None
+    return anchor, first
+
+
+def plan_due(rec: Recurrence, scheduled_for: dt.datetime, runs_done: int, now: dt.datetime) -> DuePlan:
+    """What to deliver now that the occurrence due at `scheduled_for` has been claimed.
+
+    Within misfire_grace_s of `scheduled_for` (or claimed early) the occurrence is on time.
+    Later, the late fire times are those from `scheduled_for` up to `now` (and end_at), and
+    the misfire policy picks which one to deliver; the ones before it are missed:
+    SKIP delivers the earliest one still within the grace, if any; FIRE_ONCE the latest one;
+    CATCH_UP the oldest one, unless more than catch_up_limit are late, when the oldest
+    surplus is missed. A fixed-delay interval's late fire times are scheduled_for + k * every_s.
+    """
+    scheduled_for = scheduled_for.astimezone(UTC)
+    bounds = rec.bounds
+    if bounds.max_runs is not None and runs_done >= bounds.max_runs:
+        return DuePlan(None, NO_SKIPS, None, "max_runs")
+    if bounds.end_at is not None and scheduled_for > bounds.end_at:
+        return DuePlan(None, NO_SKIPS, None, "end_at")
+    grace = dt.timedelta(seconds=rec.misfire_grace_s)
+    if now - scheduled_for <= grace:
+        return DuePlan(scheduled_for, NO_SKIPS, None, None)
+
+    fire_times = _fire_times(rec, origin=scheduled_for)
+    # The latest instant a late fire time may have; `scheduled_for` is the first of them.
+    last = now if bounds.end_at is None else min(now, bounds.end_at)
+    deliver_at: dt.datetime | None
+    if rec.misfire_policy is MisfirePolicy.SKIP:
+        # The earliest fire time at most misfire_grace_s before now still counts as on time.
+        on_time = fire_times.following(now - grace - _TICK)
+        if on_time > last:
+            missed = _from(scheduled_for, fire_times.span(scheduled_for, last))
+            next_at, ended = _within_end(fire_times.following(now), bounds)
+            return DuePlan(None, missed, next_at, ended)
+        deliver_at = on_time
+    elif rec.misfire_policy is MisfirePolicy.FIRE_ONCE:
+        deliver_at = fire_times.kth_latest(scheduled_for, last, 1) or scheduled_for
+    else:
+        # Only when catch_up_limit fire times follow scheduled_for is the backlog over the cap;
+        # then the catch_up_limit latest are delivered and the older ones missed.
+        deliver_at = fire_times.kth_latest(scheduled_for, last, rec.catch_up_limit) or scheduled_for
+    if deliver_at == scheduled_for:
+        return DuePlan(deliver_at, NO_SKIPS, None, None)
+    return DuePlan(deliver_at, _from(scheduled_for, fire_times.span(scheduled_for, deliver_at - _TICK)), None, None)
+
+
+def next_after_run(
+    rec: Recurrence,
+    occurrence_at: dt.datetime,
+    finished_at: dt.datetime,
+    runs_done: int,
+    *,
+    claimed_at: dt.datetime | None = None,
+) -> NextAfterRun:
+    """The job's next occurrence once the one due at `occurrence_at` is done (succeeded or
+    dead-lettered); `runs_done` already counts it and `finished_at` is when its last attempt
+    finished.
+
+    `claimed_at` is when the scheduler claimed this occurrence for its first attempt (the
+    `now` given to plan_due). Fire times up to then were already due before the occurrence
+    was in flight: a backlog, which plan_due's misfire policy handles, so they are never
+    overlaps and the next occurrence is the first of them. Pass it, or a catch-up (or a
+    SKIP delivery followed by more on-time fire times) under FORBID would drop that backlog
+    as overlapped. Without it the occurrence counts as in flight from `occurrence_at`.
+
+    Fire times that came due while it was in flight are, under FORBID, dropped (returned as
+    `overlapped`) and the next occurrence is the first fire time after `finished_at`; under
+    ALLOW they are queued: the next occurrence is the first fire time after `occurrence_at`.
+    A fixed-delay interval fires next every_s after `finished_at`.
+    """
+    occurrence_at = occurrence_at.astimezone(UTC)
+    bounds = rec.bounds
+    if bounds.max_runs is not None and runs_done >= bounds.max_runs:
+        return NextAfterRun(None, "max_runs", NO_SKIPS)
+    schedule = rec.schedule
+    if isinstance(schedule, IntervalSchedule) and rec.interval_mode is IntervalMode.FIXED_DELAY:
+        return _next_within_end(finished_at + dt.timedelta(seconds=schedule.every_s), NO_SKIPS, bounds)
+
+    fire_times = _fire_times(rec, origin=occurrence_at)
+    following = fire_times.following(occurrence_at)
+    backlog = claimed_at is not None and following <= claimed_at
+    if backlog or rec.overlap_policy is OverlapPolicy.ALLOW:
+        return _next_within_end(following, NO_SKIPS, bounds)
+    last_in_flight = finished_at if bounds.end_at is None else min(finished_at, bounds.end_at)
+    overlapped = fire_times.span(occurrence_at, last_in_flight)
+    return _next_within_end(fire_times.following(max(occurrence_at, finished_at)), overlapped, bounds)
+
+
+class _FireTimes(Protocol):
+    """A schedule's fire times, queried only at or after the occurrence being planned."""
+
+    def following(self, after: dt.datetime) -> dt.datetime:
+        """The first fire time strictly after `after`."""
+        ...
+
+    def span(self, low: dt.datetime, high: dt.datetime) -> Skipped:
+        """The fire times in (low, high]: the first MAX_RECORDED_SKIPS of them and their count."""
+        ...
+
+    def kth_latest(self, low: dt.datetime, high: dt.datetime, k: int) -> dt.datetime | None:
+        """The k-th latest fire time in (low, high] (k=1: the latest), or None if fewer are there."""
+        ...
+
+
+@dataclass(frozen=True)
+class _IntervalTimes:
+    """The grid origin + k * every_s, k >= 1 (as next_interval_fire counts it), in O(1)."""
+
+    schedule: IntervalSchedule
+    origin: dt.datetime
+
+    def following(self, after: dt.datetime) -> dt.datetime:
+        return next_interval_fire(self.schedule, self.origin, after)
+
+    def span(self, low: dt.datetime, high: dt.datetime) -> Skipped:
+        first, last = self._index_after(low), self._index_at_or_before(high)
+        total = max(0, last - first + 1)
+        times = tuple(self._at(index) for index in range(first, first + min(total, MAX_RECORDED_SKIPS)))
+        return Skipped(times, total, truncated=False)
+
+    def kth_latest(self, low: dt.datetime, high: dt.datetime, k: int) -> dt.datetime | None:
+        first, last = self._index_after(low), self._index_at_or_before(high)
+        return self._at(last - k + 1) if last - first + 1 >= k else None
+
+    def _step(self) -> dt.timedelta:
+        return dt.timedelta(seconds=self.schedule.every_s)
+
+    def _at(self, index: int) -> dt.datetime:
+        return (self.origin + index * self._step()).astimezone(UTC)
+
+    def _index_at_or_before(self, instant: dt.datetime) -> int:
+        # timedelta // timedelta is exact integer floor division, however long the outage.
+        return max(0, (instant - self.origin) // self._step())
+
+    def _index_after(self, instant: dt.datetime) -> int:
+        return self._index_at_or_before(instant) + 1
+
+
+class _CronTimes:
+    """Cron fire times (DST policy in app/domain/cron.py), enumerated within a budget."""
+
+    def __init__(self, schedule: CronSchedule) -> None:
+        self.schedule = schedule
+        self.spec: CronSpec = parse_cron(schedule.expression)
+
+    def following(self, after: dt.datetime) -> dt.datetime:
+        return next_cron_fire(self.schedule, after)
+
+    def span(self, low: dt.datetime, high: dt.datetime) -> Skipped:
+        times: list[dt.datetime] = []
+        total = 0
+        cursor = low
+        # Batches grow so that a short window of a sparse schedule stays cheap.
+        batch = 16
+        while cursor < high:
+            wanted = min(batch, MAX_UPCOMING)
+            fires = self._after(cursor, wanted)
+            for fire in fires:
+                if fire > high:
+                    return Skipped(tuple(times), total, truncated=False)
+                if total == CRON_COUNT_BUDGET:
+                    return Skipped(tuple(times), total, truncated=True)
+                total += 1
+                if len(times) < MAX_RECORDED_SKIPS:
+                    times.append(fire)
+            if len(fires) < wanted:  # the expression stopped firing
+                break
+            cursor = fires[-1]
+            batch *= 4
+        return Skipped(tuple(times), total, truncated=False)
+
+    def kth_latest(self, low: dt.datetime, high: dt.datetime, k: int) -> dt.datetime | None:
+        """Searches backwards from `high` instead of enumerating from `low`.
+
+        An exponential search for the smallest whole number of seconds `back` such that
+        (high - back, high] holds k fire times, then a bisection. Cron fire instants are
+        whole seconds (app/domain/cron.py), so the one-second slice (high - back, high -
+        back + 1s] then holds exactly the k-th latest. A dense backlog, the only kind that
+        is large, takes a few probes; a year of daily fires about 50, each enumerating k.
+        """
+        if not self._holds(low, high, k):
+            return None
+        limit = math.ceil((high - low) / dt.timedelta(seconds=1))
+
+        def start(back: int) -> dt.datetime:
+            return max(low, high - dt.timedelta(seconds=back))
+
+        near, far = 0, 1  # (start(near), high] holds fewer than k; (start(far), high] may hold k
+        while far < limit and not self._holds(start(far), high, k):
+            near, far = far, min(far * 2, limit)
+        while far - near > 1:
+            middle = (near + far) // 2
+            if self._holds(start(middle), high, k):
+                far = middle
+            else:
+                near = middle
+        return self._after(start(far), 1)[0]
+
+    def _holds(self, low: dt.datetime, high: dt.datetime, k: int) -> bool:
+        """Whether (low, high] holds at least k fire times."""
+        fires = self._after(low, k)
+        return len(fires) == k and fires[-1] <= high
+
+    def _after(self, after: dt.datetime, count: int) -> list[dt.datetime]:
+        try:
+            return upcoming(self.spec, self.schedule.timezone, after, count)
+        except ScheduleError:
+            # No fire time left (the year-9999 end of datetime): the sequence is over.
+            return []
+
+
+def _fire_times(rec: Recurrence, *, origin: dt.datetime) -> _FireTimes:
+    """The fire times of `rec` from the occurrence at `origin` on."""
+    if isinstance(rec.schedule, CronSchedule):
+        return _CronTimes(rec.schedule)
+    # A fixed-delay job has no fixed grid: it is late only relative to its own occurrence.
+    grid_origin = rec.anchor if rec.interval_mode is IntervalMode.FIXED_RATE else origin
+    return _IntervalTimes(rec.schedule, grid_origin.astimezone(UTC))
+
+
+def _from(first: dt.datetime, rest: Skipped) -> Skipped:
+    """`first` followed by the fire times in `rest`."""
+    return Skipped((first, *rest.times)[:MAX_RECORDED_SKIPS], rest.total + 1, rest.truncated)
+
+
+def _within_end(next_at: dt.datetime, bounds: Bounds) -> tuple[dt.datetime | None, EndReason | None]:
+    if bounds.end_at is not None and next_at > bounds.end_at:
+        return None, "end_at"
+    return next_at.astimezone(UTC), None
+
+
+def _next_within_end(next_at: dt.datetime, overlapped: Skipped, bounds: Bounds) -> NextAfterRun:
+    at, ended = _within_end(next_at, bounds)
+    return NextAfterRun(at, ended, overlapped)
+
+
+def _validate_bounds(bounds: Bounds) -> None:
+    if bounds.start_at is not None:
+        _check_aware("start_at", bounds.start_at)
+    if bounds.end_at is not None:
+        _check_aware("end_at", bounds.end_at)
+        if bounds.start_at is not None and bounds.end_at <= bounds.start_at:
+            raise ScheduleError("end_at", "must be after start_at")
+    if bounds.max_runs is not None and bounds.max_runs < 1:
+        raise ScheduleError("max_runs", "must be at least 1")
+
+
+def _check_aware(field: str, value: dt.datetime) -> None:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ScheduleError(field, "must include a UTC offset (RFC 3339)")

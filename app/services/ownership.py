@@ -1,0 +1,136 @@
+"""Partition ownership for one scheduler replica: heartbeat, fair share, acquire, renew, shed.
+
+Each round (every `renew_s`) runs one transaction: heartbeat in `replicas`, compute this
+replica's fair share of the live replicas, renew what it holds, release any surplus (a
+replica joined) or acquire free and expired partitions (a replica left or died). Shares
+differ by at most one once membership is stable; a join or a crash is rebalanced within
+two partition-lease periods (the dead replica's leases expire, then the next rounds
+redistribute them).
+
+Trust: a round that succeeded at local monotonic time t proves the leases valid until at
+least t + lease_s on the database's clock (its `now()` is later than t). The replica trusts
+its partitions only until t + lease_s - renew_s, on its own monotonic clock, so a replica
+that cannot renew (stalled, partitioned from the database) stops claiming and starts no
+new POSTs before anyone else can take its partitions over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.partition import PARTITION_COUNT, fair_share
+from app.logs import log_event
+from app.store.partitions import (
+    Held,
+    partition_acquire,
+    partition_release,
+    partition_renew,
+    replica_heartbeat,
+    replica_remove,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class PartitionOwnership:
+    name = "ownership"
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        replica_id: str,
+        lease_s: float,
+        renew_s: float,
+        partition_count: int = PARTITION_COUNT,
+    ) -> None:
+        if lease_s < 3 * renew_s:
+            raise ValueError("partition lease_s must be at least 3 x renew_s")
+        self._engine = engine
+        self.replica_id = replica_id
+        self.lease_s = lease_s
+        self.renew_s = renew_s
+        self._partition_count = partition_count
+        self._held: Held = {}
+        self._trusted_until = 0.0
+        self._last_round = float("-inf")
+        self._lock = asyncio.Lock()
+        self.wake = asyncio.Event()  # the run_forever loop's protocol; nothing wakes ownership early
+
+    def trusted(self) -> bool:
+        return time.monotonic() < self._trusted_until
+
+    def held(self) -> Held:
+        """The partitions (with epochs) this replica may claim from now; empty once untrusted."""
+        return dict(self._held) if self.trusted() else {}
+
+    def still_holds(self, partition: int, epoch: int) -> bool:
+        return self.trusted() and self._held.get(partition) == epoch
+
+    def round_due(self) -> bool:
+        return time.monotonic() >= self._last_round + self.renew_s or not self.trusted()
+
+    async def tick(self) -> dict[str, int]:
+        return await self.run_once()
+
+    def idle_wait_s(self, counts: dict[str, int]) -> float:
+        # Short of a fair share (a replica left, or this one just started): look again soon.
+        return self.renew_s / 2 if counts["held"] < counts["target"] else self.renew_s
+
+    async def ensure_fresh(self) -> None:
+        if self.round_due():
+            await self.run_once()
+
+    async def run_once(self) -> dict[str, int]:
+        async with self._lock:
+            started = time.monotonic()
+            # Even leases we stopped trusting are offered for renewal: the statement renews
+            # only rows that still name us with the same epoch and have not expired, which
+            # nobody else can have taken. Claiming waits for this round to succeed.
+            previous = dict(self._held)
+            if previous and not self.trusted():
+                log_event(logger, "partitions_untrusted", logging.WARNING, count=len(previous))
+            async with self._engine.begin() as conn:
+                live = await replica_heartbeat(conn, self.replica_id, self.lease_s)
+                target = fair_share(self.replica_id, live, self._partition_count)
+                held = await partition_renew(conn, self.replica_id, previous, self.lease_s)
+                released: list[int] = []
+                acquired: Held = {}
+                if len(held) > target:
+                    # Shed the highest-numbered surplus; the joiner acquires it on its next round.
+                    surplus = dict(sorted(held.items())[target:])
+                    released = await partition_release(conn, self.replica_id, surplus)
+                    for partition in released:
+                        held.pop(partition, None)
+                elif len(held) < target:
+                    acquired = await partition_acquire(conn, self.replica_id, target - len(held), self.lease_s)
+                    held.update(acquired)
+            lost = sorted(set(previous) - set(held) - set(released))
+            self._held = held
+            self._trusted_until = started + self.lease_s - self.renew_s
+            self._last_round = started
+        if lost:
+            log_event(logger, "partitions_lost", logging.WARNING, partitions=lost)
+        if acquired or released:
+            log_event(
+                logger,
+                "partitions_rebalanced",
+                acquired=len(acquired),
+                released=len(released),
+                held=len(held),
+                target=target,
+                live_replicas=len(live),
+            )
+        return {"held": len(held), "target": target, "acquired": len(acquired), "released": len(released)}
+
+    async def release_all(self) -> None:
+        """On clean shutdown: hand every partition back at once instead of letting leases expire."""
+        async with self._lock:
+            held, self._held, self._trusted_until = self._held, {}, 0.0
+            async with self._engine.begin() as conn:
+                released = await partition_release(conn, self.replica_id, held)
+                await replica_remove(conn, self.replica_id)
+        log_event(logger, "partitions_released", count=len(released))
