@@ -53,6 +53,26 @@ async def epochs(engine: AsyncEngine) -> dict[int, int]:
         return {row.partition: row.epoch for row in rows}
 
 
+async def all_running(engine: AsyncEngine, logs: Path) -> bool:
+    """Both schedulers hold partitions and both reapers have started."""
+    if not all("reaper_started" in (logs / f"{name}.log").read_text() for name in ("reaper-1", "reaper-2")):
+        return False
+    async with engine.connect() as conn:
+        live = partition_leases.c.expires_at > func.now()
+        owners = await conn.scalar(select(func.count(func.distinct(partition_leases.c.owner))).where(live))
+    return owners == 2
+
+
+def saw_outage(logs: Path) -> bool:
+    events = {
+        "scheduler-1": "scheduler_db_unavailable",
+        "scheduler-2": "scheduler_db_unavailable",
+        "reaper-1": "reaper_db_unavailable",
+        "reaper-2": "reaper_db_unavailable",
+    }
+    return all(event in (logs / f"{name}.log").read_text() for name, event in events.items())
+
+
 async def test_replicas_and_reapers_survive_a_postgres_restart(
     own_server: Any, receiver: Receiver, tmp_path: Path
 ) -> None:
@@ -60,7 +80,6 @@ async def test_replicas_and_reapers_survive_a_postgres_restart(
     engine = create_engine(url, pool_size=2)
     await migrate_to_head(engine)
     tenant, target = await make_tenant_and_target(engine, receiver.url())
-    log_path = tmp_path / "scheduler-1.log"
     env = base_env(
         CRONHOOK_DATABASE_URL=url,
         CRONHOOK_POLL_INTERVAL_S="0.1",
@@ -74,6 +93,9 @@ async def test_replicas_and_reapers_survive_a_postgres_restart(
             role = name.split("-")[0]
             procs.append(subprocess.Popen([CRONHOOK, role], env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
+        # All four must be past start-up before the outage (on two busy cores one process can
+        # take seconds to start), or the test would only watch start-up retries.
+        await wait_for(lambda: all_running(engine, tmp_path), timeout=60, interval=0.2, message="all four started")
         await make_jobs(engine, tenant, target, 100)
         await wait_for(lambda: len(receiver.requests) >= 100, timeout=30, message="first 100")
         # More jobs fall due while the database is down.
@@ -82,9 +104,7 @@ async def test_replicas_and_reapers_survive_a_postgres_restart(
         await engine.dispose()
 
         pg_ctl(own_server, "stop", "-m", "fast")
-        await wait_for(
-            lambda: "scheduler_db_unavailable" in log_path.read_text(), timeout=20, message="scheduler saw the outage"
-        )
+        await wait_for(lambda: saw_outage(tmp_path), timeout=20, message="every process saw the outage")
         # The outage outlasts the partition lease (2 s): every lease must be taken anew.
         await asyncio.sleep(2.5)
         # pgserver's own start routine, so its handle tracks the new postmaster for cleanup.
