@@ -27,8 +27,8 @@ class AttemptContext:
     recurrence: Recurrence | None = None
     # Occurrences delivered before this one.
     runs_done: int = 0
-    # When this occurrence's first attempt was claimed (fire times due by then are a
-    # backlog, not overlaps); None when not known (a retry).
+    # When this occurrence's first attempt was claimed, kept across its retries (fire times
+    # due by then are a backlog, not overlaps); None when not known.
     first_claimed_at: dt.datetime | None = None
 
 

@@ -93,6 +93,9 @@ class ClaimedJob:
     lease_token: uuid.UUID
     lease_owner: str
     claimed_at: dt.datetime  # the database's now() at claim time
+    # The database's now() when this occurrence's first attempt was claimed (None on rows
+    # claimed before migration 0005).
+    occurrence_claimed_at: dt.datetime | None
     url: str
     headers: dict[str, str]
     timeout_s: float
@@ -112,8 +115,7 @@ class ClaimedJob:
             self.policy,
             recurrence=self.recurrence,
             runs_done=self.occurrences_run,
-            # A first attempt was claimed just now; a retry's first claim is not kept.
-            first_claimed_at=self.claimed_at if self.attempt == 1 else None,
+            first_claimed_at=self.occurrence_claimed_at,
         )
 
 
@@ -440,6 +442,8 @@ async def job_claim_due(
         .values(
             state=JobState.RUNNING,
             attempt=jobs.c.attempt + 1,
+            # Kept across the occurrence's retries (attempt is 0 only before its first claim).
+            occurrence_claimed_at=case((jobs.c.attempt == 0, func.now()), else_=jobs.c.occurrence_claimed_at),
             lease_owner=owner,
             lease_token=func.gen_random_uuid(),
             lease_expires_at=func.now() + dt.timedelta(seconds=lease_s),
@@ -476,6 +480,7 @@ def _claimed_from_row(row: RowMapping) -> ClaimedJob:
         lease_token=row["lease_token"],
         lease_owner=row["lease_owner"],
         claimed_at=row["claimed_at"],
+        occurrence_claimed_at=row["occurrence_claimed_at"],
         url=row["url"],
         headers=dict(row["headers"] or {}),
         timeout_s=row["timeout_s"],

@@ -142,6 +142,9 @@ jobs = Table(
     _ts("run_at"),
     # Attempts made for the current occurrence.
     Column("attempt", Integer, nullable=False, server_default=text("0")),
+    # When the current occurrence's first attempt was claimed: fire times due by then were a
+    # backlog (the misfire policy's), not overlaps, even when that attempt is retried.
+    _ts("occurrence_claimed_at"),
     Column("max_attempts", Integer, nullable=False),
     Column("backoff_base_s", Double, nullable=False),
     Column("backoff_max_s", Double, nullable=False),

@@ -102,6 +102,37 @@ async def test_catch_up_delivers_each_missed_occurrence_up_to_its_cap(
     assert sorted(await outcomes(client, auth, job["id"])) == ["missed"] * 8 + ["success"] * 3
 
 
+async def test_catch_up_keeps_its_backlog_when_a_catch_up_delivery_is_retried(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, engine: AsyncEngine, scheduler: Scheduler
+) -> None:
+    # overlap_policy forbid (the default) drops fire times that come due while an occurrence is
+    # in flight; a backlog that was already due when it was first claimed is not that, even
+    # when that first attempt fails and the retry finishes later.
+    receiver.script = [Reply(status=502)]
+    job = await start(
+        client,
+        auth,
+        receiver,
+        every_s=60,
+        misfire_policy="catch_up",
+        misfire_grace_s=5,
+        catch_up_limit=3,
+        backoff_base_s=0.05,
+        backoff_max_s=0.1,
+    )
+    first = await outage(engine, job["id"], OUTAGE_S)
+
+    async def waiting_for_the_future() -> bool:
+        state = await get_job(client, auth, job["id"])
+        future = dt.datetime.fromisoformat(state["scheduled_for"]) > first + dt.timedelta(seconds=600)
+        return state["state"] == "scheduled" and future
+
+    await drive(scheduler, waiting_for_the_future, message="backlog delivered")
+    oldest, *rest = (first + dt.timedelta(seconds=s) for s in (480, 540, 600))
+    assert scheduled_fors(receiver) == [oldest, oldest, *rest]  # the 502, its retry, then the rest
+    assert sorted(await outcomes(client, auth, job["id"])) == ["http_error"] + ["missed"] * 8 + ["success"] * 3
+
+
 async def test_an_occurrence_late_within_the_grace_is_on_time(
     client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, engine: AsyncEngine, scheduler: Scheduler
 ) -> None:
