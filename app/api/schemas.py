@@ -290,6 +290,10 @@ class JobPublic(BaseModel):
     max_runs: int | None
     runs: int = Field(description="Occurrences delivered (succeeded or dead-lettered)")
     ended_reason: str | None = Field(description="Why a recurring job ended: max_runs, end_at or schedule")
+    parent_job_id: uuid.UUID | None = Field(
+        description="Set on a one-off job that carries an occurrence of a recurring job: a trigger, or an "
+        "occurrence handed off under overlap_policy allow"
+    )
     next_run_at: dt.datetime | None = Field(description="When the job next becomes due (fire time or retry)")
     scheduled_for: dt.datetime = Field(description="Nominal fire time of the current occurrence")
     attempt: int
@@ -306,6 +310,10 @@ class JobPublic(BaseModel):
 
 class RunPublic(BaseModel):
     id: int
+    job_id: uuid.UUID = Field(
+        description="The job that made the attempt: this job, or a child carrying one of its occurrences "
+        "(a trigger, or any occurrence under overlap_policy allow)"
+    )
     scheduled_for: dt.datetime
     attempt: int
     started_at: dt.datetime | None
@@ -450,6 +458,7 @@ def job_public(row: Any) -> JobPublic:
         max_runs=row["max_runs"],
         runs=row["occurrences_run"],
         ended_reason=row["ended_reason"],
+        parent_job_id=row["parent_job_id"],
         next_run_at=row["run_at"],
         scheduled_for=row["scheduled_for"],
         attempt=row["attempt"],

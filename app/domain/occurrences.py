@@ -7,9 +7,11 @@ always passed in, there is no I/O, and every datetime returned is an aware UTC d
 The scheduler calls, in this order:
 - first_fire_time when a job is created (bounds decide its anchor and first fire time),
 - plan_due when it claims a due occurrence (the misfire policy decides what to deliver),
-- next_after_run when that occurrence is done (the overlap policy decides what comes next).
-Deliveries of one job never run concurrently: the next occurrence is only planned once the
-current one is done, so overlap means fire times that came due while one was in flight.
+- next_after_run when that occurrence is done (the overlap policy decides what comes next),
+  or, under overlap ALLOW, as soon as it is handed off to a child job for delivery, so the
+  next occurrence may start while it is still in flight.
+Under FORBID the next occurrence is only planned once the current one is done, so overlap
+means fire times that came due while one was in flight.
 
 Bounded counting
     A job every second that was down for a year has 31M missed fire times, so nothing here
@@ -111,6 +113,14 @@ class Recurrence:
     catch_up_limit: int = 10  # catch_up delivers at most this many missed occurrences of one backlog
     overlap_policy: OverlapPolicy = OverlapPolicy.FORBID
     bounds: Bounds = Bounds()
+
+    @property
+    def hands_off_occurrences(self) -> bool:
+        """Whether each occurrence is delivered apart from the job (as a child job), so the
+        next can start while it is in flight: overlap allowed, on a fixed grid. A fixed-delay
+        interval's next fire time depends on when the previous one finished, so it never can."""
+        fixed_delay = isinstance(self.schedule, IntervalSchedule) and self.interval_mode is IntervalMode.FIXED_DELAY
+        return self.overlap_policy is OverlapPolicy.ALLOW and not fixed_delay
 
     def __post_init__(self) -> None:
         _check_aware("anchor", self.anchor)
@@ -244,7 +254,8 @@ def next_after_run(
 
     Fire times that came due while it was in flight are, under FORBID, dropped (returned as
     `overlapped`) and the next occurrence is the first fire time after `finished_at`; under
-    ALLOW they are queued: the next occurrence is the first fire time after `occurrence_at`.
+    ALLOW the next occurrence is the first fire time after `occurrence_at` (the scheduler
+    asks at hand-off, see Recurrence.hands_off_occurrences, so nothing waits for the delivery).
     A fixed-delay interval fires next every_s after `finished_at`.
     """
     occurrence_at = occurrence_at.astimezone(UTC)

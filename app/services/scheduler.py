@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.lifecycle import after_attempt
-from app.domain.occurrences import NO_SKIPS, DuePlan, plan_due
+from app.domain.occurrences import NO_SKIPS, DuePlan, next_after_run, plan_due
 from app.domain.schedule import ScheduleError
 from app.logs import log_event
 from app.services.dispatcher import Dispatcher
@@ -27,7 +27,14 @@ from app.services.loop import is_transient_db_error, run_forever
 from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
 from app.settings import Settings
-from app.store.jobs import ClaimedJob, FinishedAttempt, job_claim_due, job_release_claim, job_settle_due_plan
+from app.store.jobs import (
+    ClaimedJob,
+    FinishedAttempt,
+    job_claim_due,
+    job_hand_off_occurrence,
+    job_release_claim,
+    job_settle_due_plan,
+)
 from app.store.runs import AttemptOutcome
 
 logger = logging.getLogger(__name__)
@@ -176,22 +183,22 @@ class Scheduler:
             log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))
 
     async def _deliver(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> None:
-        # Trust the lease only while it can still outlive the POST, and only while this replica
-        # still owns the job's partition under the epoch it claimed with: after a stall (event
-        # loop starved, process paused) the reaper or a new owner may already have the job.
-        if time.monotonic() > claimed_mono + self.config.post_start_window_s or not self.ownership.still_holds(
-            job.partition, epoch
-        ):
-            # No POST was made: hand the job back without counting the attempt.
-            async with self._engine.begin() as conn:
-                released = await job_release_claim(conn, job)
-            log_event(logger, "lease_untrusted_released", logging.WARNING, job_id=str(job.id), released=released)
+        partition = job.partition
+        if not await self._still_trusted(job, partition, epoch, claimed_mono):
             return
         if job.recurrence is not None and job.attempt == 1:
             settled = await self._settle_misfire(job, claimed_mono)
             if settled is None:
                 return
             job = settled
+            if job.recurrence is not None and job.recurrence.hands_off_occurrences:
+                child = await self._hand_off(job, claimed_mono)
+                if child is None:
+                    return
+                job = child
+            # Those steps took time of their own: check again before the POST.
+            if not await self._still_trusted(job, partition, epoch, claimed_mono):
+                return
         result = await self._dispatcher.deliver(job, _db_clock(job, claimed_mono))
         step = after_attempt(
             job.attempt_context(),
@@ -215,6 +222,40 @@ class Scheduler:
         if step.schedule_ended:
             log_event(logger, "schedule_ended", job_id=str(job.id), state=step.state.value, reason=step.ended_reason)
         _log_outcome(job, result, step.state.value, step.dead_letter)
+
+    async def _still_trusted(self, job: ClaimedJob, partition: int, epoch: int, claimed_mono: float) -> bool:
+        """Trust the lease only while it can still outlive the POST, and only while this replica
+        still owns the partition it claimed from under the same epoch: after a stall (event loop
+        starved, process paused) the reaper or a new owner may already have the job."""
+        if time.monotonic() <= claimed_mono + self.config.post_start_window_s and self.ownership.still_holds(
+            partition, epoch
+        ):
+            return True
+        # No POST was made: hand the job back without counting the attempt.
+        async with self._engine.begin() as conn:
+            released = await job_release_claim(conn, job)
+        log_event(logger, "lease_untrusted_released", logging.WARNING, job_id=str(job.id), released=released)
+        return False
+
+    async def _hand_off(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
+        """overlap_policy allow: the occurrence goes to a child job and the parent moves on to
+        its next fire time now, so a slow delivery never holds the next one back."""
+        assert job.recurrence is not None
+        now = _db_clock(job, claimed_mono)
+        try:
+            following = next_after_run(
+                job.recurrence, job.scheduled_for, now, job.occurrences_run + 1, claimed_at=job.occurrence_claimed_at
+            )
+            next_at, ended = following.next_at, following.ended
+        except ScheduleError:  # no fire time left: this occurrence is the last
+            next_at, ended = None, "schedule"
+        async with self._engine.begin() as conn:
+            child = await job_hand_off_occurrence(conn, job, next_at, ended)
+        if child is None:
+            log_event(logger, "lease_fenced", logging.WARNING, job_id=str(job.id), attempt=job.attempt, outcome=None)
+        elif ended is not None:
+            log_event(logger, "schedule_ended", job_id=str(job.id), state="succeeded", reason=ended)
+        return child
 
     async def _settle_misfire(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
         """Applies the job's misfire policy to a late occurrence; returns the job to deliver

@@ -7,6 +7,7 @@ moves on, never retries it blindly.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections import Counter
@@ -73,6 +74,7 @@ class NewJob:
     # Recurring jobs: policies and bounds (its anchor is `schedule_anchor_at` below).
     recurrence: Recurrence | None = None
     anchor_at: dt.datetime | None = None  # default: first_fire_at
+    parent_job_id: uuid.UUID | None = None  # a one-off carrying an occurrence of this job
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,7 @@ def _new_job_values(new: NewJob) -> dict[str, Any]:
         backoff_max_s=new.policy.backoff_max_s,
         backoff_factor=new.policy.backoff_factor,
         dedup_key=new.dedup_key,
+        parent_job_id=new.parent_job_id,
         **recurrence_columns(new.recurrence),
     )
 
@@ -265,12 +268,15 @@ async def job_list(
     after: tuple[dt.datetime, uuid.UUID] | None,
     state: JobState | None = None,
     target_id: uuid.UUID | None = None,
+    parent_job_id: uuid.UUID | None = None,
 ) -> list[RowMapping]:
     stmt = select(jobs).where(jobs.c.tenant_id == tenant_id)
     if state is not None:
         stmt = stmt.where(jobs.c.state == state)
     if target_id is not None:
         stmt = stmt.where(jobs.c.target_id == target_id)
+    if parent_job_id is not None:
+        stmt = stmt.where(jobs.c.parent_job_id == parent_job_id)
     if after is not None:
         created, ident = after
         stmt = stmt.where(or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < ident)))
@@ -509,6 +515,64 @@ async def job_release_claim(conn: AsyncConnection, job: ClaimedJob) -> bool:
         .returning(jobs.c.id)
     )
     return (await conn.execute(stmt)).first() is not None
+
+
+async def job_hand_off_occurrence(
+    conn: AsyncConnection, job: ClaimedJob, next_at: dt.datetime | None, ended: EndReason | None
+) -> ClaimedJob | None:
+    """Moves a claimed recurring job's occurrence to a one-off child job, so the next
+    occurrence can start while this one is in flight (overlap_policy allow).
+
+    The child takes over the claim as it is (running, the same lease token, expiry, attempt
+    and webhook-id), so the delivery, its retries and its dead letter are the child's, and a
+    target's in-flight count does not change. The parent counts the occurrence as run and
+    waits for `next_at`, or ends (succeeded, `ended`) when there is none. Guarded by the
+    parent's lease token: returns the child to deliver, or None when the lease was lost.
+    """
+    child_id = uuid.uuid4()
+    guard = [jobs.c.id == job.id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == job.lease_token]
+    copied = ["tenant_id", "target_id", "name", "payload", "priority", "state", "occurrence_id", "attempt"]
+    copied += ["occurrence_claimed_at", "max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor"]
+    copied += ["lease_owner", "lease_token", "lease_expires_at"]
+    fixed: dict[str, Any] = {
+        "id": child_id,
+        "partition": partition_for(child_id),
+        **schedule_columns(OnceSchedule(job.scheduled_for)),
+        "schedule_anchor_at": job.scheduled_for,
+        "scheduled_for": job.scheduled_for,
+        "parent_job_id": job.id,
+    }
+    columns = [*copied, *fixed]
+    source = select(
+        *(jobs.c[name] for name in copied), *(literal(value, jobs.c[name].type) for name, value in fixed.items())
+    )
+    inserted = await conn.execute(insert(jobs).from_select(columns, source.where(*guard)).returning(jobs.c.id))
+    if inserted.first() is None:
+        return None
+    parent: dict[str, Any] = {
+        "attempt": 0,
+        "occurrence_claimed_at": None,
+        "occurrences_run": jobs.c.occurrences_run + 1,
+    }
+    if next_at is not None:
+        parent |= {
+            "state": JobState.SCHEDULED,
+            "run_at": next_at,
+            "scheduled_for": next_at,
+            "occurrence_id": uuid.uuid4(),
+        }
+    else:
+        parent |= {"state": JobState.SUCCEEDED, "ended_reason": ended or "schedule", "finished_at": func.now()}
+    await conn.execute(update(jobs).where(*guard).values(**parent, **_NO_LEASE, updated_at=func.now()))
+    return dataclasses.replace(
+        job,
+        id=child_id,
+        partition=partition_for(child_id),
+        schedule=OnceSchedule(job.scheduled_for),
+        schedule_anchor_at=job.scheduled_for,
+        recurrence=None,
+        occurrences_run=0,
+    )
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -42,7 +42,9 @@ async def run_list_for_job(
     owner = await conn.scalar(select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id))
     if owner is None:
         return None
-    stmt = select(runs).where(runs.c.job_id == job_id)
+    # A job's runs include its children's: the occurrences it handed off or that were triggered.
+    children = select(jobs.c.id).where(jobs.c.parent_job_id == job_id, jobs.c.tenant_id == tenant_id)
+    stmt = select(runs).where(or_(runs.c.job_id == job_id, runs.c.job_id.in_(children)))
     if after_id is not None:
         stmt = stmt.where(runs.c.id > after_id)
     stmt = stmt.order_by(runs.c.id).limit(limit)

@@ -156,6 +156,9 @@ jobs = Table(
     Column("last_status_code", Integer),
     Column("last_error", Text),
     Column("occurrences_run", BigInteger, nullable=False, server_default=text("0")),
+    # The recurring job this one-off carries an occurrence of: a trigger, or (overlap_policy
+    # allow) an occurrence handed off so the next can start while it is in flight.
+    Column("parent_job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("finished_at"),
@@ -202,6 +205,7 @@ jobs = Table(
     Index("ix_jobs_lease_expires", "lease_expires_at", postgresql_where=text("state = 'running'")),
     Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
     Index("ix_jobs_target", "target_id"),
+    Index("ix_jobs_parent", "parent_job_id", postgresql_where=text("parent_job_id IS NOT NULL")),
     # Deliveries in flight per target (max_in_flight).
     Index("ix_jobs_target_running", "target_id", postgresql_where=text("state = 'running'")),
     Index(

@@ -18,7 +18,7 @@ from app.services.scheduler import Scheduler
 from app.store.tables import jobs
 from tests.conftest import make_job, make_target
 from tests.e2e.test_delivery import drive, get_job, get_runs
-from tests.receiver import Receiver, Reply
+from tests.receiver import Receiver, Reply, wait_for
 
 
 def scheduled_fors(receiver: Receiver) -> list[dt.datetime]:
@@ -156,16 +156,65 @@ async def test_overlap_forbid_skips_fire_times_that_come_due_during_a_slow_deliv
     assert runs.count("skipped_overlap") >= 2
 
 
-async def test_overlap_allow_queues_fire_times_that_come_due_during_a_slow_delivery(
+async def run_without_waiting(scheduler: Scheduler, until: Any, timeout: float, message: str) -> None:
+    """Scheduler passes that, like run_forever, do not wait for their deliveries to finish."""
+
+    async def step() -> bool:
+        await scheduler.tick()
+        result = until()
+        return bool(await result if hasattr(result, "__await__") else result)
+
+    await wait_for(step, timeout=timeout, interval=0.05, message=message)
+
+
+async def test_overlap_allow_delivers_fire_times_while_earlier_deliveries_are_in_flight(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    receiver.default = Reply(delay_s=2.5)
+    job = await start(client, auth, receiver, every_s=1, overlap_policy="allow")
+    await run_without_waiting(scheduler, lambda: len(receiver.requests) >= 4, 20, "four deliveries started")
+    times = scheduled_fors(receiver)
+    # Every fire time goes out, in order, while the 2.5 s deliveries before it are still running.
+    assert [b - a for a, b in itertools.pairwise(times)] == [dt.timedelta(seconds=1)] * (len(times) - 1)
+    assert max(receiver.max_in_flight.values()) >= 2
+    assert len({r.headers["webhook-id"] for r in receiver.requests}) == len(receiver.requests)
+
+    async def four_succeeded() -> bool:
+        return (await outcomes(client, auth, job["id"])).count("success") >= 4
+
+    await run_without_waiting(scheduler, four_succeeded, 20, "four deliveries recorded")
+    # Each occurrence was delivered by a one-off child job; the schedule's runs list theirs.
+    runs = [r for r in await get_runs(client, auth, job["id"]) if r["outcome"] == "success"]
+    listed = await client.get("/v1/jobs", params={"parent_job_id": job["id"], "limit": 200}, headers=auth)
+    children = {c["id"]: c for c in listed.json()["items"]}
+    assert {r["job_id"] for r in runs} <= set(children) and len({r["job_id"] for r in runs}) == len(runs)
+    finished = [c for c in children.values() if c["state"] == "succeeded"]
+    assert len(finished) >= 4 and all(
+        c["schedule_kind"] == "once" and c["parent_job_id"] == job["id"] for c in finished
+    )
+    assert "skipped_overlap" not in await outcomes(client, auth, job["id"])
+    parent = await get_job(client, auth, job["id"])
+    assert parent["state"] in ("scheduled", "running") and parent["runs"] >= 4
+
+
+async def test_overlap_allow_still_honours_max_runs(
     client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
 ) -> None:
     receiver.default = Reply(delay_s=1.5)
-    job = await start(client, auth, receiver, every_s=1, overlap_policy="allow")
-    await drive(scheduler, lambda: len(receiver.requests) >= 4, timeout=20, message="four deliveries")
-    times = scheduled_fors(receiver)
-    # Every fire time is delivered, one after another, though each arrives later.
-    assert [b - a for a, b in itertools.pairwise(times)] == [dt.timedelta(seconds=1)] * (len(times) - 1)
-    assert "skipped_overlap" not in await outcomes(client, auth, job["id"])
+    job = await start(client, auth, receiver, every_s=1, overlap_policy="allow", max_runs=2)
+
+    async def ended() -> bool:
+        return (await get_job(client, auth, job["id"]))["state"] == "succeeded"
+
+    await run_without_waiting(scheduler, ended, 20, "the schedule ended")
+    await run_without_waiting(scheduler, lambda: len(receiver.requests) == 2, 10, "both occurrences delivered")
+    assert (await get_job(client, auth, job["id"]))["ended_reason"] == "max_runs"
+
+    async def both_recorded() -> bool:
+        return await outcomes(client, auth, job["id"]) == ["success", "success"]
+
+    await run_without_waiting(scheduler, both_recorded, 10, "both runs recorded")
+    assert len(receiver.requests) == 2
 
 
 async def test_fixed_rate_keeps_its_grid_while_fixed_delay_counts_from_each_finish(

@@ -77,7 +77,7 @@ async def test_trigger_runs_one_extra_occurrence_now_without_shifting_the_schedu
     response = await post(client, auth, f"/v1/jobs/{job['id']}/trigger")
     assert response.status_code == 201
     extra = response.json()
-    assert extra["id"] != job["id"] and extra["schedule_kind"] == "once"
+    assert extra["id"] != job["id"] and extra["schedule_kind"] == "once" and extra["parent_job_id"] == job["id"]
     assert extra["payload"] == {"k": 1} and extra["target_id"] == target["id"]
     assert extra["max_attempts"] == job["max_attempts"]
     assert await claim_all(engine) == [extra["id"]]  # due now; the cron job is not

@@ -461,7 +461,15 @@ def test_next_after_run_overlap(
     assert next_after_run(rec, at(10, 0), finished_at, 1) == expected
 
 
-def test_allow_queues_and_plan_due_then_applies_the_misfire_policy() -> None:
+def test_only_allowed_overlap_on_a_fixed_grid_hands_occurrences_off() -> None:
+    assert recurrence(every(600), overlap_policy=OverlapPolicy.ALLOW).hands_off_occurrences
+    assert not recurrence(every(600), overlap_policy=OverlapPolicy.FORBID).hands_off_occurrences
+    # A fixed-delay interval's next fire time waits for the previous one to finish.
+    fixed_delay = recurrence(every(600), overlap_policy=OverlapPolicy.ALLOW, interval_mode=IntervalMode.FIXED_DELAY)
+    assert not fixed_delay.hands_off_occurrences
+
+
+def test_allow_goes_on_from_the_occurrence_and_plan_due_then_applies_the_misfire_policy() -> None:
     rec = recurrence(every(600), at(10, 0), overlap_policy=OverlapPolicy.ALLOW)
     after = next_after_run(rec, at(10, 0), at(10, 25), 1)
     assert after == NextAfterRun(at(10, 10), None, NO_SKIPS)

@@ -84,6 +84,7 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> Job
             schedule=OnceSchedule(now),
             first_fire_at=now,
             policy=store.policy_from_row(row),
+            parent_job_id=row["id"],
         ),
     )
     return job_public(new)

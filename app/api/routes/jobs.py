@@ -175,11 +175,14 @@ async def list_jobs(
     conn: Conn,
     state: JobState | None = None,
     target_id: uuid.UUID | None = None,
+    parent_job_id: uuid.UUID | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
 ) -> Page[JobPublic]:
     after = decode_time_id_cursor(cursor) if cursor else None
-    rows = await store.job_list(conn, tenant_id, limit + 1, after, state=state, target_id=target_id)
+    rows = await store.job_list(
+        conn, tenant_id, limit + 1, after, state=state, target_id=target_id, parent_job_id=parent_job_id
+    )
     return page_of(rows, limit, job_public)
 
 
