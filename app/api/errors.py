@@ -90,6 +90,10 @@ def _field_name(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
+# What FastAPI raises (as a 400) when decoding the body fails other than as a JSONDecodeError.
+FASTAPI_BODY_PARSE_ERROR = "There was an error parsing the body"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
@@ -142,6 +146,16 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == FASTAPI_BODY_PARSE_ERROR:
+            # JSON that Python's parser gives up on (nesting too deep, an integer of more
+            # than 4,300 digits): malformed like any other invalid JSON.
+            return problem_response(
+                request,
+                400,
+                "the request body is not valid JSON",
+                slug="malformed-json",
+                errors=field_error("body", "JSON nested too deeply or with a number too long to parse"),
+            )
         headers = dict(exc.headers) if exc.headers else None
         return problem_response(request, exc.status_code, str(exc.detail), headers=headers)
 

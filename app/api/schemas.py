@@ -144,7 +144,8 @@ MaxInFlight = Annotated[
 RatePerS = Annotated[
     float | None,
     Field(
-        gt=0,
+        # One delivery every 1,000 s at the slowest; smaller rates underflow the bucket's math.
+        ge=0.001,
         le=10_000,
         description="Deliveries started per second across all replicas (token bucket, bursts of up to one "
         "second's worth); null = unlimited",
@@ -357,7 +358,8 @@ class DeadLetterBulkReplay(RequestModel):
     status_code: Annotated[int | None, Field(ge=100, le=599, description="last HTTP status")] = None
     include_replayed: bool = Field(default=False, description="also those replayed before")
     limit: Annotated[int, Field(ge=1, le=1000)] = 100
-    rate_per_s: Annotated[float, Field(gt=0, le=1000)] = Field(
+    # At the slowest rate the largest batch (1,000) is spread over about 28 hours.
+    rate_per_s: Annotated[float, Field(ge=0.01, le=1000)] = Field(
         default=10.0, description="The replays fall due this many per second, oldest first"
     )
 

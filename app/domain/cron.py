@@ -36,8 +36,10 @@ DST policy
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import re
+import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -174,9 +176,16 @@ def upcoming(spec: CronSpec, timezone: str, after: dt.datetime, count: int) -> l
     return fires
 
 
+@functools.cache
+def _zone_names() -> frozenset[str]:
+    # The canonical names only: not the "right/" (leap-second) and "posix/" copies of the
+    # database, "posixrules", or "Factory" (a placeholder zone, offset 0, named "-00").
+    return frozenset(zoneinfo.available_timezones()) - {"Factory", "localtime"}
+
+
 def load_zone(name: str) -> ZoneInfo:
-    # "localtime" is whatever the host is configured with: not a zone a job can name.
-    if name == "localtime":
+    # Also not "localtime": whatever the host is configured with is not a zone a job can name.
+    if name not in _zone_names():
         raise CronError("timezone", f"unknown IANA time zone {name!r}")
     try:
         return ZoneInfo(name)

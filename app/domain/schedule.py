@@ -21,12 +21,32 @@ from app.domain.cron import CronError, next_fire, parse_cron
 UTC = dt.UTC
 
 # run_at bounds: earlier is surely a mistake (a past run_at fires at once); later, a typo.
+# They also keep every stored instant far from the ends of datetime (PostgreSQL would keep
+# year 1 and year 9999 as -infinity/infinity, which no datetime can hold).
 EARLIEST_RUN_AT = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 MAX_SCHEDULE_AHEAD = dt.timedelta(days=3653)
+# A recurring job's end_at may be further out than a first fire time.
+MAX_END_AT_AHEAD = dt.timedelta(days=36525)
 
 
 # One error type for every schedule field: `field` names the input, `message` says why.
 ScheduleError = CronError
+
+
+def checked_instant(
+    field: str, value: dt.datetime, now: dt.datetime, ahead: dt.timedelta = MAX_SCHEDULE_AHEAD
+) -> dt.datetime:
+    """`value` in UTC, if it has an offset and lies between 2000-01-01 and `now + ahead`."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ScheduleError(field, "must include a UTC offset (RFC 3339)")
+    try:
+        at = value.astimezone(UTC)
+        in_range = EARLIEST_RUN_AT <= at <= now + ahead
+    except OverflowError:  # year 1 or 9999 pushed past the end of datetime by its offset
+        in_range = False
+    if not in_range:
+        raise ScheduleError(field, f"must be between 2000-01-01 and {ahead.days // 365} years from now")
+    return at
 
 
 @dataclass(frozen=True)
@@ -132,16 +152,7 @@ def resolve_schedule(
 
     schedule: Schedule
     if run_at is not None:
-        if run_at.tzinfo is None or run_at.utcoffset() is None:
-            raise ScheduleError("run_at", "must include a UTC offset (RFC 3339)")
-        try:
-            at = run_at.astimezone(UTC)
-            in_range = EARLIEST_RUN_AT <= at <= now + MAX_SCHEDULE_AHEAD
-        except OverflowError:
-            in_range = False
-        if not in_range:
-            raise ScheduleError("run_at", "must be between 2000-01-01 and 10 years from now")
-        schedule = OnceSchedule(at)
+        schedule = OnceSchedule(checked_instant("run_at", run_at, now))
     elif delay_s is not None:
         if delay_s <= 0:
             raise ScheduleError("delay_s", "must be greater than 0")

@@ -42,6 +42,7 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
             JobState.RETRYING,  # failed attempt, or lease expired, with attempts left
             JobState.DEAD,  # one-off out of attempts
             JobState.CANCELLED,
+            JobState.PAUSED,  # quarantined: the claim could not load the row (last_error says why)
         }
     ),
     JobState.RETRYING: frozenset({JobState.RUNNING, JobState.PAUSED, JobState.CANCELLED}),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -52,10 +53,13 @@ from app.domain.priority import DEFAULT_PRIORITY_AGING_S, MAX_PRIORITY, MIN_PRIO
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule
 from app.domain.states import CANCELLABLE_STATES, CLAIMABLE_STATES, PAUSABLE_STATES, TERMINAL_STATES, JobState
+from app.logs import log_event
 from app.store.dead_letters import dead_letter_insert_many
 from app.store.runs import AttemptOutcome, run_insert_many
 from app.store.tables import DEDUP_KEY_LIVE, job_state, jobs, partition_leases, targets
 from app.store.targets import target_saturated_ids, target_take_delivery_slots
+
+logger = logging.getLogger(__name__)
 
 _CLAIMABLE = [s.value for s in CLAIMABLE_STATES]
 
@@ -155,8 +159,16 @@ def recurrence_from_row(row: RowMapping) -> Recurrence | None:
         misfire_grace_s=row["misfire_grace_s"],
         catch_up_limit=row["catch_up_limit"],
         overlap_policy=OverlapPolicy(row["overlap_policy"]),
-        bounds=Bounds(row["start_at"], row["end_at"], row["max_runs"]),
+        bounds=Bounds(
+            _bound(row["start_at"], dt.datetime.min), _bound(row["end_at"], dt.datetime.max), row["max_runs"]
+        ),
     )
+
+
+def _bound(value: dt.datetime | None, unbounded: dt.datetime) -> dt.datetime | None:
+    # asyncpg reads PostgreSQL's -infinity / infinity as a naive datetime.min / datetime.max
+    # (rows written before bounds were range-checked); in the open direction that is no bound.
+    return None if value == unbounded else value
 
 
 def recurrence_columns(recurrence: Recurrence | None) -> dict[str, Any]:
@@ -467,7 +479,32 @@ async def job_claim_due(
         )
     )
     rows = (await conn.execute(stmt)).mappings().all()
-    return [_claimed_from_row(row) for row in rows]
+    claimed: list[ClaimedJob] = []
+    for leased in rows:
+        try:
+            claimed.append(_claimed_from_row(leased))
+        except Exception as exc:  # one row that cannot be loaded must not stop every delivery
+            await _job_quarantine(conn, leased["id"], leased["lease_token"], f"{type(exc).__name__}: {exc}"[:300])
+    return claimed
+
+
+async def _job_quarantine(conn: AsyncConnection, job_id: uuid.UUID, lease_token: uuid.UUID, error: str) -> None:
+    """Pauses a claimed job whose row could not be turned into a delivery (data the code no
+    longer accepts), with the reason in last_error, so that a user can PATCH and resume it."""
+    reason = f"paused: cronhook could not load this job ({error}); fix it with PATCH, then resume"
+    await conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == lease_token)
+        .values(
+            state=JobState.PAUSED,
+            attempt=jobs.c.attempt - 1,
+            run_at=None,
+            **_NO_LEASE,
+            last_error=reason,
+            updated_at=func.now(),
+        )
+    )
+    log_event(logger, "job_quarantined", logging.ERROR, job_id=str(job_id), error=error.split(":")[0])
 
 
 def _claimed_from_row(row: RowMapping) -> ClaimedJob:

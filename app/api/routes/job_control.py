@@ -119,7 +119,9 @@ async def update_job(
             raise Problem(422, "no such target", slug="validation", field="target_id")
         changes["target_id"] = body.target_id
     if given & POLICY_FIELDS:
-        changes.update(_policy_changes(body, row))
+        # A new schedule or new bounds start a fresh occurrence, with no attempts made yet.
+        fresh_occurrence = bool(given & (SCHEDULE_FIELDS | BOUND_FIELDS))
+        changes.update(_policy_changes(body, row, 0 if fresh_occurrence else row["attempt"]))
     if given & (SCHEDULE_FIELDS | set(RECURRENCE_FIELDS)):
         changes.update(await _schedule_changes(conn, body, row, state))
     if not changes:
@@ -129,12 +131,14 @@ async def update_job(
     return job_public(updated)
 
 
-def _policy_changes(body: JobUpdate, row: RowMapping) -> dict[str, Any]:
+def _policy_changes(body: JobUpdate, row: RowMapping, attempts_made: int) -> dict[str, Any]:
     policy = retry_policy(body, store.policy_from_row(row))
-    if policy.max_attempts < row["attempt"]:
+    # A waiting job with attempts made has a retry pending, which will be one more attempt.
+    if attempts_made and policy.max_attempts <= attempts_made:
         raise Problem(
             422,
-            f"must be at least the {row['attempt']} attempts already made",
+            f"must be more than the {attempts_made} attempts already made: a retry is pending "
+            "(cancel the job to stop it)",
             slug="validation",
             field="max_attempts",
         )
@@ -150,11 +154,14 @@ async def _schedule_changes(conn: Conn, body: JobUpdate, row: RowMapping, state:
     given = body.model_fields_set
     now = await store.db_now(conn)
     if given & SCHEDULE_FIELDS:
-        cron = body.cron
-        if cron is None and body.timezone is not None and row["schedule_kind"] == "cron":
-            cron = row["cron"]  # a new time zone for the same expression
+        cron, timezone = body.cron, body.timezone
+        if row["schedule_kind"] == "cron":
+            if cron is None and timezone is not None:
+                cron = row["cron"]  # a new time zone for the same expression
+            if cron is not None and "timezone" not in given:
+                timezone = row["timezone"]  # a new expression in the job's own time zone
         schedule, first_fire_at = resolve_schedule(
-            run_at=body.run_at, delay_s=body.delay_s, cron=cron, timezone=body.timezone, every_s=body.every_s, now=now
+            run_at=body.run_at, delay_s=body.delay_s, cron=cron, timezone=timezone, every_s=body.every_s, now=now
         )
     else:
         schedule, first_fire_at = store.schedule_from_row(row), row["scheduled_for"]

@@ -15,7 +15,15 @@ from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, Idempoten
 from app.api.schemas import JobCreate, JobPublic, Page, RunPublic, job_public, page_of
 from app.domain.occurrences import Bounds, Recurrence, first_fire_time
 from app.domain.retry import RetryPolicy
-from app.domain.schedule import IntervalSchedule, OnceSchedule, Schedule, ScheduleError, resolve_schedule
+from app.domain.schedule import (
+    MAX_END_AT_AHEAD,
+    IntervalSchedule,
+    OnceSchedule,
+    Schedule,
+    ScheduleError,
+    checked_instant,
+    resolve_schedule,
+)
 from app.domain.states import JobState
 from app.settings import Settings
 from app.store import jobs as store
@@ -147,10 +155,14 @@ def plan_recurrence(
     if body.interval_mode is not None and not isinstance(schedule, IntervalSchedule):
         raise ScheduleError("interval_mode", "applies only to an every_s schedule")
     base = current or Recurrence(schedule, first_fire_at)
+    sent = body.model_fields_set
+    # A bound sent as null is removed (PATCH); one not sent stays as it was.
+    start_at = body.start_at if "start_at" in sent else base.bounds.start_at
+    end_at = body.end_at if "end_at" in sent else base.bounds.end_at
     bounds = Bounds(
-        body.start_at if body.start_at is not None else base.bounds.start_at,
-        body.end_at if body.end_at is not None else base.bounds.end_at,
-        body.max_runs if body.max_runs is not None else base.bounds.max_runs,
+        None if start_at is None else checked_instant("start_at", start_at, now),
+        None if end_at is None else checked_instant("end_at", end_at, now, MAX_END_AT_AHEAD),
+        body.max_runs if "max_runs" in sent else base.bounds.max_runs,
     )
     first = first_fire_time(schedule, bounds, now)
     if first is None:
