@@ -42,7 +42,11 @@ class Runtime:
         else:
             self._embedded = EmbeddedPostgres(self.settings.data_dir)
             url = await asyncio.to_thread(self._embedded.start)
-        self._engine = create_engine(url, self.settings.db_pool_size)
+        self._engine = create_engine(
+            url,
+            self.settings.db_pool_size,
+            idle_in_transaction_timeout_s=self.settings.db_idle_in_transaction_timeout_s,
+        )
         await self._wait_for_database()
         if self.settings.auto_migrate if migrate is None else migrate:
             await migrate_to_head(self._engine)

@@ -29,6 +29,10 @@ class Settings(BaseSettings):
     database_url: SecretStr | None = None
     data_dir: Path = Path(".cronhook")
     db_pool_size: int = Field(default=10, ge=1, le=200)
+    # PostgreSQL ends a session left idle inside a transaction this long (0 = never), so a
+    # stalled or stopped process cannot keep job rows locked: SKIP LOCKED would hide them
+    # from every other scheduler and from the reaper for as long as the stall lasted.
+    db_idle_in_transaction_timeout_s: float = Field(default=10.0, ge=0, le=3600)
     auto_migrate: bool = True
 
     # HTTP API.

@@ -16,9 +16,15 @@ def normalize_url(raw: str) -> URL:
     return url
 
 
-def create_engine(raw_url: str, pool_size: int = 10) -> AsyncEngine:
+def create_engine(raw_url: str, pool_size: int = 10, idle_in_transaction_timeout_s: float = 10.0) -> AsyncEngine:
+    # Our transactions never wait on anything but the database; one left idle means its
+    # process stalled while holding row locks (see Settings.db_idle_in_transaction_timeout_s).
+    server_settings = {}
+    if idle_in_transaction_timeout_s > 0:
+        server_settings["idle_in_transaction_session_timeout"] = str(round(idle_in_transaction_timeout_s * 1000))
     return create_async_engine(
         normalize_url(raw_url),
+        connect_args={"server_settings": server_settings},
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,

@@ -25,7 +25,9 @@ MAX_ERROR_BACKOFF_S = 10.0
 # SQLSTATEs of a server that is going away or not yet back: connection exceptions (08...)
 # and shutdown / "cannot connect now" (57P01-57P03). asyncpg reports "the database system
 # is shutting down" (57P03) as a plain DBAPIError, which must not be logged as a bug.
-_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P")
+# 25P03: the server ended this session after it sat idle in a transaction (the process
+# stalled); the next pass gets a fresh connection.
+_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "25P03")
 
 
 def is_transient_db_error(exc: BaseException) -> bool:

@@ -181,3 +181,28 @@ async def test_a_row_the_scheduler_cannot_load_is_paused_and_the_rest_are_delive
     # Nothing is lost silently: it waits, visible, for the user to cancel (or fix) it.
     cancelled = await client.post(f"/v1/jobs/{broken['id']}/cancel", headers=auth)
     assert cancelled.json()["state"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("fields", "patch", "field"),
+    [
+        ({"every_s": 60}, {"timezone": "Asia/Tokyo"}, "timezone"),
+        ({"delay_s": 60}, {"timezone": "Asia/Tokyo"}, "timezone"),
+        ({"cron": "0 9 * * *"}, {"cron": None}, "cron"),
+        ({"cron": "0 9 * * *"}, {"timezone": None}, "timezone"),
+        ({"every_s": 60}, {"every_s": None}, "every_s"),
+        ({"delay_s": 60}, {"backoff_base_s": 700}, "backoff_base_s"),
+        ({"delay_s": 60}, {"backoff_base_s": 10, "backoff_max_s": 5}, "backoff_max_s"),
+    ],
+)
+async def test_a_bad_patch_names_the_field_that_was_sent(
+    client: httpx.AsyncClient,
+    auth: dict[str, str],
+    fields: dict[str, Any],
+    patch: dict[str, Any],
+    field: str,
+) -> None:
+    target = await make_target(client, auth, "http://127.0.0.1:9/hook")
+    job = await make_job(client, auth, target["id"], **fields)
+    await problem(await client.patch(f"/v1/jobs/{job['id']}", json=patch, headers=auth), 422, field)
+    assert (await client.get(f"/v1/jobs/{job['id']}", headers=auth)).json() == job

@@ -12,7 +12,7 @@ from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.routes.jobs import NOT_FOUND, RECURRENCE_FIELDS, ensure_payload_fits, plan_recurrence, retry_policy
 from app.api.schemas import JobPublic, JobUpdate, job_public
-from app.domain.schedule import OnceSchedule, resolve_schedule
+from app.domain.schedule import OnceSchedule, ScheduleError, resolve_schedule
 from app.domain.states import TERMINAL_STATES, JobState
 from app.store import jobs as store
 from app.store.targets import target_lock_live
@@ -155,6 +155,11 @@ async def _schedule_changes(conn: Conn, body: JobUpdate, row: RowMapping, state:
     now = await store.db_now(conn)
     if given & SCHEDULE_FIELDS:
         cron, timezone = body.cron, body.timezone
+        sent = sorted(given & SCHEDULE_FIELDS)
+        if all(getattr(body, field) is None for field in sent):
+            raise ScheduleError(sent[0], "a job's schedule can be replaced, not removed")
+        if sent == ["timezone"] and row["schedule_kind"] != "cron":
+            raise ScheduleError("timezone", "applies only to a cron schedule")
         if row["schedule_kind"] == "cron":
             if cron is None and timezone is not None:
                 cron = row["cron"]  # a new time zone for the same expression

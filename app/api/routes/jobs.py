@@ -122,7 +122,11 @@ def retry_policy(body: JobCreate, base: RetryPolicy) -> RetryPolicy:
         backoff_factor=body.backoff_factor or base.backoff_factor,
     )
     if policy.backoff_max_s < policy.backoff_base_s:
-        raise Problem(422, "must be at least backoff_base_s", slug="validation", field="backoff_max_s")
+        # Name the field the client sent: a base above the (default or current) cap, or a cap below the base.
+        if "backoff_max_s" in body.model_fields_set:
+            raise Problem(422, "must be at least backoff_base_s", slug="validation", field="backoff_max_s")
+        detail = f"must be at most backoff_max_s ({policy.backoff_max_s:g} s)"
+        raise Problem(422, detail, slug="validation", field="backoff_base_s")
     return policy
 
 

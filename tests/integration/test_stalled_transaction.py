@@ -1,0 +1,47 @@
+"""A process that stalls inside a transaction (SIGSTOP, a frozen VM) must not hide the job rows
+it locked: SKIP LOCKED would make every other scheduler and the reaper pass over them for as
+long as the stall lasted. PostgreSQL ends such a session after the idle-in-transaction timeout."""
+
+from __future__ import annotations
+
+import contextlib
+
+import httpx
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.engine import create_engine
+from app.store.jobs import job_claim_due
+from app.store.tables import jobs
+from tests.conftest import make_job, make_target
+from tests.receiver import wait_for
+
+
+async def test_rows_locked_by_a_stalled_transaction_are_claimable_after_the_timeout(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine, db_url: str
+) -> None:
+    target = await make_target(client, auth, "http://127.0.0.1:9/hook")
+    job = await make_job(client, auth, target["id"])
+    stalled = create_engine(db_url, pool_size=1, idle_in_transaction_timeout_s=1.0)
+    conn = await stalled.connect()
+    try:
+        transaction = await conn.begin()
+        # The stalled replica's claim had locked the row, then the process stopped.
+        await conn.execute(select(jobs.c.id).where(jobs.c.id == job["id"]).with_for_update())
+
+        claimed: list[str] = []
+
+        async def claimable() -> bool:
+            async with engine.begin() as other:
+                claimed.extend(str(j.id) for j in await job_claim_due(other, "survivor", 10, 30))
+            return bool(claimed)
+
+        assert not await claimable()  # skipped while the lock is held...
+        await wait_for(claimable, timeout=15, interval=0.2, message="the lock released by the server")
+        assert claimed == [job["id"]]  # ...and taken once the server ended the stalled session
+        with contextlib.suppress(Exception):  # its connection is gone; rolling back may fail
+            await transaction.rollback()
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.close()
+        await stalled.dispose()
