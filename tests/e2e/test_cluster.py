@@ -142,7 +142,9 @@ async def test_three_replicas_share_10k_due_jobs_and_deliver_each_exactly_once(
 async def test_sigkill_with_500_leases_in_flight_loses_nothing_and_duplicates_at_most_those(
     engine: AsyncEngine, db_url: str, receiver: Receiver, procs: Processes
 ) -> None:
-    receiver.default = Reply(delay_s=1.0)  # slow: the victim holds hundreds of leases at once
+    # Slow enough that the victim holds hundreds of leases at once even when two busy cores
+    # make its claims slow (each claim of 200 can take a few hundred ms then).
+    receiver.default = Reply(delay_s=2.0)
     tenant, target = await make_tenant_and_target(engine, receiver.url(), timeout_s=3)
     env = cluster_env(db_url, CRONHOOK_CONCURRENCY="700", CRONHOOK_BATCH_SIZE="200")
     names = ["victim", "s1", "s2"]
