@@ -13,7 +13,16 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Generic, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictInt,
+    field_validator,
+)
 
 from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
 from app.domain.states import JobState
@@ -43,6 +52,9 @@ MAX_DELAY_S = 10 * 365 * 86400
 
 
 class RequestModel(BaseModel):
+    # Numbers and booleans are declared strict field by field (Field(strict=True)): lax mode
+    # would take `true` as 1 and "5" as 5 (`"every_s": true` made a one-second job). A whole-
+    # model strict mode would also refuse the ISO strings FastAPI hands over for datetimes and UUIDs.
     model_config = ConfigDict(extra="forbid")
 
 
@@ -136,6 +148,7 @@ def _check_statuses(value: list[int] | None) -> list[int] | None:
 MaxInFlight = Annotated[
     int | None,
     Field(
+        strict=True,
         ge=1,
         le=10_000,
         description="Deliveries to this target in flight at once, across all replicas; null = unlimited",
@@ -144,6 +157,7 @@ MaxInFlight = Annotated[
 RatePerS = Annotated[
     float | None,
     Field(
+        strict=True,
         # One delivery every 1,000 s at the slowest; smaller rates underflow the bucket's math.
         ge=0.001,
         le=10_000,
@@ -153,9 +167,11 @@ RatePerS = Annotated[
 ]
 
 RetryStatuses = Annotated[
-    list[int] | None,
+    list[StrictInt] | None,
     AfterValidator(_check_statuses),
-    Field(description="Statuses to retry instead of the default (5xx, 408, 425, 429, 3xx); others dead-letter"),
+    Field(
+        description="Statuses to retry instead of the default (5xx, 408, 425, 429, 3xx); others dead-letter",
+    ),
 ]
 
 
@@ -165,7 +181,7 @@ class TargetCreate(RequestModel):
     headers: dict[str, str] | None = Field(
         default=None, description="Extra request headers (e.g. Authorization); values are never returned"
     )
-    timeout_s: Annotated[float | None, Field(gt=0, le=TARGET_TIMEOUT_CEILING_S)] = Field(
+    timeout_s: Annotated[float | None, Field(strict=True, gt=0, le=TARGET_TIMEOUT_CEILING_S)] = Field(
         default=None, description="Total deadline of one delivery; default CRONHOOK_DEFAULT_TARGET_TIMEOUT_S"
     )
     retry_on_status: RetryStatuses = None
@@ -180,7 +196,7 @@ class TargetUpdate(RequestModel):
     name: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = None
     url: str | None = None
     headers: dict[str, str] | None = None
-    timeout_s: Annotated[float | None, Field(gt=0, le=TARGET_TIMEOUT_CEILING_S)] = None
+    timeout_s: Annotated[float | None, Field(strict=True, gt=0, le=TARGET_TIMEOUT_CEILING_S)] = None
     retry_on_status: RetryStatuses = None
     max_in_flight: MaxInFlight = None
     rate_per_s: RatePerS = None
@@ -221,18 +237,18 @@ class JobCreate(RequestModel):
         default=None, description="Any JSON; sent as the webhook body"
     )
     name: Annotated[PlainText | None, Field(max_length=200)] = None
-    priority: Annotated[int, Field(ge=0, le=9)] = 0
-    max_attempts: Annotated[int | None, Field(ge=1, le=100)] = None
-    backoff_base_s: Annotated[float | None, Field(gt=0, le=86400)] = None
-    backoff_max_s: Annotated[float | None, Field(gt=0, le=7 * 86400)] = None
-    backoff_factor: Annotated[float | None, Field(ge=1, le=10)] = None
+    priority: Annotated[int, Field(strict=True, ge=0, le=9)] = 0
+    max_attempts: Annotated[int | None, Field(strict=True, ge=1, le=100)] = None
+    backoff_base_s: Annotated[float | None, Field(strict=True, gt=0, le=86400)] = None
+    backoff_max_s: Annotated[float | None, Field(strict=True, gt=0, le=7 * 86400)] = None
+    backoff_factor: Annotated[float | None, Field(strict=True, ge=1, le=10)] = None
     run_at: AwareDatetime | None = Field(default=None, description="RFC 3339 timestamp with offset")
-    delay_s: Annotated[float | None, Field(gt=0, le=MAX_DELAY_S)] = None
+    delay_s: Annotated[float | None, Field(strict=True, gt=0, le=MAX_DELAY_S)] = None
     cron: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = None
     timezone: Annotated[PlainText | None, Field(min_length=1, max_length=64)] = Field(
         default=None, description="IANA time zone for `cron` (default UTC)"
     )
-    every_s: Annotated[int | None, Field(ge=1, le=366 * 86400)] = None
+    every_s: Annotated[int | None, Field(strict=True, ge=1, le=366 * 86400)] = None
     dedup_key: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = Field(
         default=None,
         description="Unique among this tenant's unfinished jobs: a second create with it is a 409 naming the job",
@@ -244,20 +260,20 @@ class JobCreate(RequestModel):
     misfire_policy: MisfirePolicy | None = Field(
         default=None, description="Late by more than misfire_grace_s: skip, fire_once (default) or catch_up"
     )
-    misfire_grace_s: Annotated[float | None, Field(ge=0, le=86_400)] = Field(
+    misfire_grace_s: Annotated[float | None, Field(strict=True, ge=0, le=86_400)] = Field(
         default=None, description="A fire time at most this late still counts as on time (default 60)"
     )
-    catch_up_limit: Annotated[int | None, Field(ge=1, le=1000)] = Field(
+    catch_up_limit: Annotated[int | None, Field(strict=True, ge=1, le=1000)] = Field(
         default=None, description="catch_up delivers at most this many missed occurrences of a backlog (default 10)"
     )
     overlap_policy: OverlapPolicy | None = Field(
         default=None,
         description="Fire times that come due while an occurrence is in flight: forbid (default: skipped) or allow "
-        "(queued: delivered once it is done, subject to the misfire policy)",
+        "(each fires on time; its delivery is carried by a one-off child job, see parent_job_id)",
     )
     start_at: AwareDatetime | None = Field(default=None, description="No fire time before this")
     end_at: AwareDatetime | None = Field(default=None, description="No fire time after this; then the job ends")
-    max_runs: Annotated[int | None, Field(ge=1, le=10**9)] = Field(
+    max_runs: Annotated[int | None, Field(strict=True, ge=1, le=10**9)] = Field(
         default=None, description="End the job after this many delivered occurrences"
     )
 
@@ -355,11 +371,11 @@ class DeadLetterBulkReplay(RequestModel):
     target_id: uuid.UUID | None = None
     since: AwareDatetime | None = Field(default=None, description="created at or after")
     until: AwareDatetime | None = Field(default=None, description="created before")
-    status_code: Annotated[int | None, Field(ge=100, le=599, description="last HTTP status")] = None
-    include_replayed: bool = Field(default=False, description="also those replayed before")
-    limit: Annotated[int, Field(ge=1, le=1000)] = 100
+    status_code: Annotated[int | None, Field(strict=True, ge=100, le=599, description="last HTTP status")] = None
+    include_replayed: bool = Field(default=False, strict=True, description="also those replayed before")
+    limit: Annotated[int, Field(strict=True, ge=1, le=1000)] = 100
     # At the slowest rate the largest batch (1,000) is spread over about 28 hours.
-    rate_per_s: Annotated[float, Field(ge=0.01, le=1000)] = Field(
+    rate_per_s: Annotated[float, Field(strict=True, ge=0.01, le=1000)] = Field(
         default=10.0, description="The replays fall due this many per second, oldest first"
     )
 

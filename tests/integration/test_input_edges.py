@@ -206,3 +206,27 @@ async def test_a_bad_patch_names_the_field_that_was_sent(
     job = await make_job(client, auth, target["id"], **fields)
     await problem(await client.patch(f"/v1/jobs/{job['id']}", json=patch, headers=auth), 422, field)
     assert (await client.get(f"/v1/jobs/{job['id']}", headers=auth)).json() == job
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/jobs", {"every_s": True}, "every_s"),
+        ("/v1/jobs", {"delay_s": "5"}, "delay_s"),
+        ("/v1/jobs", {"delay_s": 5, "priority": "5"}, "priority"),
+        ("/v1/jobs", {"delay_s": 5, "max_attempts": True}, "max_attempts"),
+        ("/v1/targets", {"name": "t", "url": "http://127.0.0.1:9/h", "max_in_flight": True}, "max_in_flight"),
+        ("/v1/targets", {"name": "t", "url": "http://127.0.0.1:9/h", "retry_on_status": ["404"]}, "retry_on_status.0"),
+        ("/v1/dead-letters/replay", {"include_replayed": "yes"}, "include_replayed"),
+    ],
+)
+async def test_numbers_and_booleans_must_be_json_numbers_and_booleans(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine, path: str, body: dict[str, Any], field: str
+) -> None:
+    target = await make_target(client, auth, "http://127.0.0.1:9/hook")
+    if path == "/v1/jobs":
+        body = {"target_id": target["id"], "payload": {}, **body}
+    before = await count_jobs(engine)
+    response = await problem(await client.post(path, json=body, headers=auth), 422, field)
+    assert field in response["detail"]
+    assert await count_jobs(engine) == before
