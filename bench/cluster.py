@@ -43,7 +43,7 @@ import psutil
 from aiohttp import web
 
 # bench/ is on sys.path when this runs as a script: one fresh-database helper for both benches.
-from dispatch import BenchDatabase, positive_int
+from dispatch import BenchDatabase, add_common_args, positive_int
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -448,15 +448,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--replicas", type=positive_int, nargs="+", default=[1, 3], help="scheduler processes, one run per count"
     )
-    parser.add_argument("--jobs", type=positive_int, default=10000, help="jobs due at once (default 10000)")
-    parser.add_argument("--concurrency", type=positive_int, default=200, help="deliveries in flight per replica")
-    parser.add_argument("--batch-size", type=positive_int, default=200, help="jobs claimed per query")
-    parser.add_argument("--deadline", type=float, default=300.0, help="seconds allowed for delivering the jobs")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("CRONHOOK_DATABASE_URL") or None,
-        help="PostgreSQL server to create a scratch database on (default: CRONHOOK_DATABASE_URL, else embedded)",
-    )
+    add_common_args(parser, jobs=10000)
     return parser.parse_args(argv)
 
 

@@ -446,19 +446,24 @@ def positive_int(value: str) -> int:
     return number
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=positive_int, default=5000, help="jobs due at once (default 5000)")
+def add_common_args(parser: argparse.ArgumentParser, jobs: int) -> None:
+    """The options both benchmarks take (bench/cluster.py too)."""
+    parser.add_argument("--jobs", type=positive_int, default=jobs, help=f"jobs due at once (default {jobs})")
     parser.add_argument("--concurrency", type=positive_int, default=200, help="deliveries in flight per replica")
     parser.add_argument("--batch-size", type=positive_int, default=200, help="jobs claimed per query")
-    parser.add_argument("--replicas", type=positive_int, default=1, help="Scheduler instances in this process")
-    parser.add_argument("--pool-size", type=positive_int, default=10, help="database pool per replica (default 10)")
     parser.add_argument("--deadline", type=float, default=300.0, help="give up after this many seconds")
     parser.add_argument(
         "--database-url",
         default=os.environ.get("CRONHOOK_DATABASE_URL") or None,
         help="PostgreSQL server to create a scratch database on (default: CRONHOOK_DATABASE_URL, else embedded)",
     )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser, jobs=5000)
+    parser.add_argument("--replicas", type=positive_int, default=1, help="Scheduler instances in this process")
+    parser.add_argument("--pool-size", type=positive_int, default=10, help="database pool per replica (default 10)")
     return parser.parse_args(argv)
 
 

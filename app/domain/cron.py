@@ -111,6 +111,9 @@ class CronSpec:
     frequent: bool
 
 
+# Every fire-time computation parses its job's expression; the result is immutable, so a
+# bounded cache saves re-parsing on the scheduler's hot path (invalid ones raise, uncached).
+@functools.lru_cache(maxsize=4096)
 def parse_cron(expression: str) -> CronSpec:
     """Validates and normalises an untrusted cron expression; raises CronError(field="cron")."""
     if len(expression) > MAX_EXPRESSION_LENGTH:

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from app.domain.cron import MAX_UPCOMING, CronSpec, parse_cron, upcoming
-from app.domain.priority import effective_priority
 from app.domain.schedule import CronSchedule, IntervalSchedule, ScheduleError, next_cron_fire, next_interval_fire
 
 __all__ = [
@@ -49,7 +48,6 @@ __all__ = [
     "OverlapPolicy",
     "Recurrence",
     "Skipped",
-    "effective_priority",
     "first_fire_time",
     "next_after_run",
     "plan_due",

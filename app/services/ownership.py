@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.partition import PARTITION_COUNT, fair_share
 from app.logs import log_event
+from app.settings import MIN_RENEWALS_PER_PARTITION_LEASE
 from app.store.partitions import (
     Held,
     partition_acquire,
@@ -45,15 +46,13 @@ class PartitionOwnership:
         replica_id: str,
         lease_s: float,
         renew_s: float,
-        partition_count: int = PARTITION_COUNT,
     ) -> None:
-        if lease_s < 3 * renew_s:
-            raise ValueError("partition lease_s must be at least 3 x renew_s")
+        if lease_s < MIN_RENEWALS_PER_PARTITION_LEASE * renew_s:
+            raise ValueError(f"partition lease_s must be at least {MIN_RENEWALS_PER_PARTITION_LEASE} x renew_s")
         self._engine = engine
         self.replica_id = replica_id
         self.lease_s = lease_s
         self.renew_s = renew_s
-        self._partition_count = partition_count
         self._held: Held = {}
         self._trusted_until = 0.0
         self._last_round = float("-inf")
@@ -95,7 +94,7 @@ class PartitionOwnership:
                 log_event(logger, "partitions_untrusted", logging.WARNING, count=len(previous))
             async with self._engine.begin() as conn:
                 live = await replica_heartbeat(conn, self.replica_id, self.lease_s)
-                target = fair_share(self.replica_id, live, self._partition_count)
+                target = fair_share(self.replica_id, live, PARTITION_COUNT)
                 held = await partition_renew(conn, self.replica_id, previous, self.lease_s)
                 released: list[int] = []
                 acquired: Held = {}

@@ -53,9 +53,6 @@ class Reaper:
 
     async def run_once(self) -> dict[str, int]:
         counts = {"rescued": 0, "dead_lettered": 0}
-        # Housekeeping rides along: Idempotency-Keys are kept for 24 hours.
-        async with self._engine.begin() as conn:
-            counts["idempotency_keys_purged"] = await idempotency_key_purge_expired(conn)
         async with self._engine.begin() as conn:
             expired = await job_lock_expired_leases(conn, self.config.batch_size)
             items = [
@@ -84,6 +81,10 @@ class Reaper:
                 state=item.step.state.value,
                 dead_letter=item.step.dead_letter,
             )
+        # Housekeeping rides along, after the rescue so it can never hold one up: Idempotency-Keys
+        # are kept for 24 hours.
+        async with self._engine.begin() as conn:
+            counts["idempotency_keys_purged"] = await idempotency_key_purge_expired(conn)
         return counts
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:

@@ -46,7 +46,6 @@ async def idempotency_key_claim(
     endpoint: str,
     key: str,
     request_hash: str,
-    ttl: dt.timedelta = IDEMPOTENCY_TTL,
 ) -> bool:
     """Inserts the key with no response yet; True if this transaction now owns it.
 
@@ -62,7 +61,7 @@ async def idempotency_key_claim(
             "response": null(),
             "created_at": func.now(),
         },
-        where=idempotency_keys.c.created_at < func.now() - ttl,
+        where=idempotency_keys.c.created_at < func.now() - IDEMPOTENCY_TTL,
     ).returning(idempotency_keys.c.key)
     return (await conn.execute(stmt)).first() is not None
 

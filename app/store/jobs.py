@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     DateTime,
     Double,
     Integer,
@@ -296,6 +297,11 @@ async def job_list(
     return list((await conn.execute(stmt)).mappings().all())
 
 
+def _leased(job_id: uuid.UUID, lease_token: uuid.UUID) -> list[ColumnElement[bool]]:
+    """The guard of every write on behalf of a claim: the job is still running under that lease."""
+    return [jobs.c.id == job_id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == lease_token]
+
+
 # The lease columns of a job no scheduler holds.
 _NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
 
@@ -494,7 +500,7 @@ async def _job_quarantine(conn: AsyncConnection, job_id: uuid.UUID, lease_token:
     reason = f"paused: cronhook could not load this job ({error}); fix it with PATCH, then resume"
     await conn.execute(
         update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == lease_token)
+        .where(*_leased(job_id, lease_token))
         .values(
             state=JobState.PAUSED,
             attempt=jobs.c.attempt - 1,
@@ -538,7 +544,7 @@ async def job_release_claim(conn: AsyncConnection, job: ClaimedJob) -> bool:
     """Hands an unstarted claim back (no POST was made): the attempt is not counted."""
     stmt = (
         update(jobs)
-        .where(jobs.c.id == job.id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == job.lease_token)
+        .where(*_leased(job.id, job.lease_token))
         .values(
             state=case(
                 (jobs.c.attempt > 1, cast(literal(JobState.RETRYING.value), job_state)),
@@ -567,7 +573,7 @@ async def job_hand_off_occurrence(
     parent's lease token: returns the child to deliver, or None when the lease was lost.
     """
     child_id = uuid.uuid4()
-    guard = [jobs.c.id == job.id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == job.lease_token]
+    guard = _leased(job.id, job.lease_token)
     copied = ["tenant_id", "target_id", "name", "payload", "priority", "state", "occurrence_id", "attempt"]
     copied += ["occurrence_claimed_at", "max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor"]
     copied += ["lease_owner", "lease_token", "lease_expires_at"]
@@ -586,25 +592,13 @@ async def job_hand_off_occurrence(
     inserted = await conn.execute(insert(jobs).from_select(columns, source.where(*guard)).returning(jobs.c.id))
     if inserted.first() is None:
         return None
-    parent: dict[str, Any] = {
-        "attempt": 0,
-        "occurrence_claimed_at": None,
-        "occurrences_run": jobs.c.occurrences_run + 1,
-    }
-    if next_at is not None:
-        parent |= {
-            "state": JobState.SCHEDULED,
-            "run_at": next_at,
-            "scheduled_for": next_at,
-            "occurrence_id": uuid.uuid4(),
-        }
-    else:
-        parent |= {"state": JobState.SUCCEEDED, "ended_reason": ended or "schedule", "finished_at": func.now()}
-    await conn.execute(update(jobs).where(*guard).values(**parent, **_NO_LEASE, updated_at=func.now()))
+    parent = {**_next_occurrence_values(next_at, ended), "occurrence_claimed_at": None}
+    parent["occurrences_run"] = jobs.c.occurrences_run + 1
+    await conn.execute(update(jobs).where(*guard).values(**parent, updated_at=func.now()))
     return dataclasses.replace(
         job,
         id=child_id,
-        partition=partition_for(child_id),
+        partition=fixed["partition"],
         schedule=OnceSchedule(job.scheduled_for),
         schedule_anchor_at=job.scheduled_for,
         recurrence=None,
@@ -767,27 +761,8 @@ async def job_settle_due_plan(
     `ended`) when there is none. Missed fire times are recorded as `missed` runs.
     Returns False when the lease was lost meanwhile (nothing is written).
     """
-    guard = [jobs.c.id == job.id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == job.lease_token]
-    values: dict[str, Any]
-    if deliver_at is not None:
-        values = {"scheduled_for": deliver_at}
-    elif next_at is not None:
-        values = {
-            "state": JobState.SCHEDULED,
-            "run_at": next_at,
-            "scheduled_for": next_at,
-            "occurrence_id": uuid.uuid4(),
-            "attempt": 0,
-            **_NO_LEASE,
-        }
-    else:
-        values = {
-            "state": JobState.SUCCEEDED,
-            "ended_reason": ended or "schedule",
-            "finished_at": func.now(),
-            "attempt": 0,
-            **_NO_LEASE,
-        }
+    guard = _leased(job.id, job.lease_token)
+    values = {"scheduled_for": deliver_at} if deliver_at is not None else _next_occurrence_values(next_at, ended)
     stmt = update(jobs).where(*guard).values(**values, updated_at=func.now()).returning(jobs.c.id)
     if (await conn.execute(stmt)).first() is None:
         return False
@@ -795,6 +770,17 @@ async def job_settle_due_plan(
     if rows:
         await run_insert_many(conn, rows)
     return True
+
+
+def _next_occurrence_values(next_at: dt.datetime | None, ended: EndReason | None) -> dict[str, Any]:
+    """A recurring job released from its claim: waiting for `next_at` as a new occurrence, or
+    ended (succeeded, `ended`) when there is none."""
+    if next_at is not None:
+        waiting = {"state": JobState.SCHEDULED, "run_at": next_at, "scheduled_for": next_at}
+        values: dict[str, Any] = {**waiting, "occurrence_id": uuid.uuid4()}
+    else:
+        values = {"state": JobState.SUCCEEDED, "ended_reason": ended or "schedule", "finished_at": func.now()}
+    return {**values, "attempt": 0, **_NO_LEASE}
 
 
 def dead_letter_values(job: ClaimedJob, result: AttemptOutcome) -> dict[str, Any]:

@@ -22,11 +22,11 @@ from app.domain.occurrences import (
     OverlapPolicy,
     Recurrence,
     Skipped,
-    effective_priority,
     first_fire_time,
     next_after_run,
     plan_due,
 )
+from app.domain.priority import effective_priority
 from app.domain.schedule import CronSchedule, IntervalSchedule, ScheduleError
 
 UTC = dt.UTC
