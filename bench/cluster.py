@@ -49,12 +49,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
 from app.db.migrate import migrate_to_head
+from app.domain.job import NewJob
 from app.domain.partition import PARTITION_COUNT
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import OnceSchedule
 from app.domain.states import JobState
 from app.logs import configure_logging
-from app.store.jobs import NewJob, db_now, job_create_many
+from app.store.jobs import db_now, job_create_many
 from app.store.partitions import ClusterView, cluster_view
 from app.store.tables import jobs, runs
 from app.store.targets import target_create

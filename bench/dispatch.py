@@ -59,7 +59,8 @@ from app.domain.schedule import OnceSchedule
 from app.domain.states import JobState
 from app.logs import configure_logging
 from app.services.scheduler import Scheduler, SchedulerConfig
-from app.store.jobs import db_now, schedule_columns
+from app.store.job_rows import schedule_columns
+from app.store.jobs import db_now
 from app.store.tables import jobs, runs
 from app.store.targets import target_create
 from app.store.tenants import tenant_ensure

@@ -9,9 +9,10 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.job import NewJob
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import IntervalSchedule, OnceSchedule, Schedule
-from app.store.jobs import NewJob, db_now, job_create, job_create_many
+from app.store.jobs import db_now, job_create, job_create_many
 from app.store.tables import jobs
 from app.store.targets import target_create
 from app.store.tenants import tenant_ensure

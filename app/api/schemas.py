@@ -21,9 +21,11 @@ from pydantic import (
     Field,
     JsonValue,
     StrictInt,
+    WithJsonSchema,
     field_validator,
 )
 
+from app.domain.job import RunOutcome
 from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
 from app.domain.states import JobState
 from app.settings import TARGET_TIMEOUT_CEILING_S
@@ -337,8 +339,11 @@ class RunPublic(BaseModel):
     finished_at: dt.datetime
     status_code: int | None
     duration_ms: int | None
-    outcome: Literal[
-        "success", "http_error", "timeout", "connection_error", "lease_expired", "missed", "skipped_overlap"
+    # Inline in the OpenAPI document (no component of its own), as the values were first published.
+    outcome: Annotated[
+        str,
+        AfterValidator(RunOutcome),
+        WithJsonSchema({"type": "string", "enum": [o.value for o in RunOutcome], "title": "Outcome"}),
     ] = Field(
         description="An attempt's result; `missed` (given up by the misfire policy) and `skipped_overlap` (came due "
         "while the previous occurrence was in flight) are fire times never delivered (attempt 0)"

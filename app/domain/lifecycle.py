@@ -1,4 +1,4 @@
-"""What happens to a job after an attempt: the pure decision, applied by app/store/jobs.py.
+"""What happens to a job after an attempt: the pure decision, applied by app/store/outcomes.py.
 
 Used by the scheduler (an attempt returned) and the reaper (a lease expired, which counts as
 a failed attempt). Keeping one function means both paths agree on retries and dead letters.

@@ -1,7 +1,7 @@
 """The job state machine: one enum and the table of allowed transitions.
 
 Every UPDATE that changes a job's state names the state it expects in its WHERE clause
-(see app/store/jobs.py); this table is the reference those statements follow and the
+(app/store/jobs.py, claims.py, outcomes.py); this table is the reference those statements follow and the
 tests check against.
 """
 

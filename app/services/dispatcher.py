@@ -14,10 +14,9 @@ import time
 
 import aiohttp
 
+from app.domain.job import AttemptOutcome, ClaimedJob, RunOutcome
 from app.domain.retry import is_retryable_status, parse_retry_after
 from app.domain.signing import sign
-from app.store.jobs import ClaimedJob
-from app.store.runs import AttemptOutcome
 
 MAX_RESPONSE_BYTES = 64 * 1024
 # How much of a failing response's body is kept as the run's error.
@@ -88,19 +87,19 @@ class Dispatcher:
                 status = response.status
                 retry_after_header = response.headers.get("Retry-After")
         except TimeoutError:
-            return _outcome("timeout", None, f"no response within {timeout_s:g}s", started, started_wall)
+            return _outcome(RunOutcome.TIMEOUT, None, f"no response within {timeout_s:g}s", started, started_wall)
         except aiohttp.ClientError as exc:
-            return _outcome("connection_error", None, _describe(exc), started, started_wall)
+            return _outcome(RunOutcome.CONNECTION_ERROR, None, _describe(exc), started, started_wall)
         except (OSError, ValueError) as exc:
             # Bad URLs and low-level socket errors that aiohttp does not wrap.
-            return _outcome("connection_error", None, _describe(exc), started, started_wall)
+            return _outcome(RunOutcome.CONNECTION_ERROR, None, _describe(exc), started, started_wall)
         if 200 <= status < 300:
-            return _outcome("success", status, None, started, started_wall)
+            return _outcome(RunOutcome.SUCCESS, status, None, started, started_wall)
         retryable = is_retryable_status(status, job.retry_on_status)
         error = f"HTTP {status}" + ("" if retryable else " (not retryable)")
         if excerpt:
             error += ": " + excerpt.decode("utf-8", "replace")[:ERROR_EXCERPT_CHARS]
-        outcome = _outcome("http_error", status, error, started, started_wall)
+        outcome = _outcome(RunOutcome.HTTP_ERROR, status, error, started, started_wall)
         answered_at = started_wall + dt.timedelta(milliseconds=outcome.duration_ms or 0)
         return dataclasses.replace(
             outcome, retryable=retryable, retry_after_s=parse_retry_after(retry_after_header, answered_at)
@@ -123,7 +122,7 @@ async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
 
 
 def _outcome(
-    outcome: str, status: int | None, error: str | None, started: float, started_wall: dt.datetime
+    outcome: RunOutcome, status: int | None, error: str | None, started: float, started_wall: dt.datetime
 ) -> AttemptOutcome:
     duration_ms = int((time.monotonic() - started) * 1000)
     return AttemptOutcome(outcome, status, _storable(error), duration_ms, started_wall)

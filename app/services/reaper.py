@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.logs import log_event
 from app.settings import Settings
+from app.store.claims import job_lock_expired_leases
 from app.store.idempotency import idempotency_key_purge_expired
-from app.store.jobs import FinishedAttempt, job_finish_attempts, job_lock_expired_leases
-from app.store.runs import AttemptOutcome
+from app.store.outcomes import job_finish_attempts
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class Reaper:
                 FinishedAttempt(
                     job,
                     AttemptOutcome(
-                        "lease_expired",
+                        RunOutcome.LEASE_EXPIRED,
                         error=f"lease held by {job.lease_owner} expired before an outcome was recorded",
                     ),
                     after_attempt(job.attempt_context(), False, job.claimed_at, self._rng),

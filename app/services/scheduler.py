@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import NO_SKIPS, DuePlan, next_after_run, plan_due
 from app.domain.schedule import ScheduleError
@@ -27,15 +28,7 @@ from app.services.loop import is_transient_db_error, run_forever
 from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
 from app.settings import Settings
-from app.store.jobs import (
-    ClaimedJob,
-    FinishedAttempt,
-    job_claim_due,
-    job_hand_off_occurrence,
-    job_release_claim,
-    job_settle_due_plan,
-)
-from app.store.runs import AttemptOutcome
+from app.store.claims import job_claim_due, job_hand_off_occurrence, job_release_claim, job_settle_due_plan
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -12,22 +10,6 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.store.tables import jobs, runs
-
-
-@dataclass(frozen=True)
-class AttemptOutcome:
-    outcome: str  # success | http_error | timeout | connection_error | lease_expired
-    status_code: int | None = None
-    error: str | None = None
-    duration_ms: int | None = None
-    started_at: dt.datetime | None = None
-    # Not stored: they steer what happens next (app/domain/lifecycle.py).
-    retryable: bool = True
-    retry_after_s: float | None = None
-
-    @property
-    def succeeded(self) -> bool:
-        return self.outcome == "success"
 
 
 async def run_insert_many(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
@@ -22,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
+from app.domain.job import RunOutcome
+from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
 from app.domain.partition import PARTITION_COUNT
 from app.domain.states import JobState
 
@@ -45,6 +49,11 @@ job_state = Enum(
 NOW = text("now()")
 # A dedup_key is held by the tenant's unfinished jobs only.
 DEDUP_KEY_LIVE = "dedup_key IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled')"
+
+
+def _one_of(column: str, values: type[enum.StrEnum]) -> str:
+    """The CHECK that mirrors a domain enum: the column holds one of its values."""
+    return f"{column} IN ({', '.join(repr(member.value) for member in values)})"
 
 
 def _ts(name: str, nullable: bool = True, default_now: bool = False) -> Column[object]:
@@ -169,9 +178,9 @@ jobs = Table(
         name="schedule_fields_match_kind",
     ),
     CheckConstraint("every_s IS NULL OR every_s > 0", name="every_s_positive"),
-    CheckConstraint("interval_mode IN ('fixed_rate', 'fixed_delay')", name="interval_mode_valid"),
-    CheckConstraint("misfire_policy IN ('skip', 'fire_once', 'catch_up')", name="misfire_policy_valid"),
-    CheckConstraint("overlap_policy IN ('allow', 'forbid')", name="overlap_policy_valid"),
+    CheckConstraint(_one_of("interval_mode", IntervalMode), name="interval_mode_valid"),
+    CheckConstraint(_one_of("misfire_policy", MisfirePolicy), name="misfire_policy_valid"),
+    CheckConstraint(_one_of("overlap_policy", OverlapPolicy), name="overlap_policy_valid"),
     CheckConstraint("misfire_grace_s >= 0 AND catch_up_limit >= 1", name="misfire_bounds"),
     CheckConstraint("max_runs IS NULL OR max_runs >= 1", name="max_runs_positive"),
     CheckConstraint("priority BETWEEN 0 AND 9", name="priority_range"),
@@ -233,11 +242,7 @@ runs = Table(
     Column("duration_ms", Integer),
     Column("outcome", Text, nullable=False),
     Column("error", Text),
-    CheckConstraint(
-        "outcome IN ('success', 'http_error', 'timeout', 'connection_error', 'lease_expired', "
-        "'missed', 'skipped_overlap')",
-        name="outcome_valid",
-    ),
+    CheckConstraint(_one_of("outcome", RunOutcome), name="outcome_valid"),
     Index("ix_runs_job", "job_id", "id"),
 )
 

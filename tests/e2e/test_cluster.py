@@ -20,7 +20,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.jobs import db_now, job_claim_due
+from app.store.claims import job_claim_due
+from app.store.jobs import db_now
 from app.store.tables import dead_letters, jobs, partition_leases, replicas, runs
 from tests.e2e.test_processes import Processes, base_env
 from tests.factories import expire_leases, make_jobs_bulk, make_tenant_and_target

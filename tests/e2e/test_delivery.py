@@ -195,7 +195,7 @@ async def test_the_reaper_retries_a_delivery_whose_lease_expired(
     target = await make_target(client, auth, receiver.url())
     job = await make_job(client, auth, target["id"], backoff_base_s=0.05, backoff_max_s=0.1)
     # Claim with a lease the process then "loses" (nothing delivers it).
-    from app.store.jobs import job_claim_due
+    from app.store.claims import job_claim_due
 
     async with engine.begin() as conn:
         (claimed,) = await job_claim_due(conn, "crashed-replica", 1, 0.5)
@@ -268,7 +268,7 @@ async def test_a_claim_too_old_to_trust_is_released_without_a_post(
 ) -> None:
     import time as time_module
 
-    from app.store.jobs import job_claim_due
+    from app.store.claims import job_claim_due
 
     target = await make_target(client, auth, receiver.url())
     job = await make_job(client, auth, target["id"], max_attempts=1)

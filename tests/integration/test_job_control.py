@@ -9,7 +9,7 @@ import httpx
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.jobs import job_claim_due
+from app.store.claims import job_claim_due
 from app.store.tables import jobs
 from tests.conftest import make_job, make_target
 

@@ -9,10 +9,11 @@ from collections import Counter
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.job import AttemptOutcome, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.services.reaper import Reaper, ReaperConfig
-from app.store.jobs import FinishedAttempt, job_claim_due, job_finish_attempts, job_release_claim
-from app.store.runs import AttemptOutcome
+from app.store.claims import job_claim_due, job_release_claim
+from app.store.outcomes import job_finish_attempts
 from app.store.tables import dead_letters, jobs, runs
 from tests.factories import expire_leases, make_jobs, make_tenant_and_target
 

@@ -29,13 +29,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
 from app.db.engine import create_engine
+from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.schedule import IntervalSchedule
 from app.domain.states import CANCELLABLE_STATES, CLAIMABLE_STATES, TERMINAL_STATES, JobState
 from app.services.reaper import Reaper, ReaperConfig
 from app.settings import Settings
-from app.store.jobs import ClaimedJob, FinishedAttempt, db_now, job_cancel, job_claim_due, job_finish_attempts
-from app.store.runs import AttemptOutcome
+from app.store.claims import job_claim_due
+from app.store.jobs import db_now, job_cancel
+from app.store.outcomes import job_finish_attempts
 from app.store.tables import dead_letters, jobs, runs
 from app.store.tenants import api_key_create, tenant_ensure
 from tests.factories import expire_leases, make_jobs, make_tenant_and_target

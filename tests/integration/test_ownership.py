@@ -16,7 +16,7 @@ from app.domain.partition import PARTITION_COUNT, fair_share
 from app.services.ownership import PartitionOwnership
 from app.services.scheduler import Scheduler, SchedulerConfig
 from app.settings import Settings
-from app.store.jobs import job_claim_due
+from app.store.claims import job_claim_due
 from app.store.tables import jobs, partition_leases, replicas
 from tests.factories import make_jobs, make_tenant_and_target
 from tests.receiver import Receiver

@@ -8,10 +8,12 @@ import uuid
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.job import NewJob
 from app.domain.priority import effective_priority
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import OnceSchedule
-from app.store.jobs import NewJob, db_now, job_claim_due, job_create_many
+from app.store.claims import job_claim_due
+from app.store.jobs import db_now, job_create_many
 from tests.factories import make_tenant_and_target
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
-from app.store.jobs import job_claim_due
+from app.store.claims import job_claim_due
 from app.store.tables import jobs
 from tests.conftest import make_job, make_target
 from tests.receiver import wait_for

@@ -26,9 +26,11 @@ from app.api.schemas import (
     job_public,
     page_of,
 )
+from app.domain.job import NewJob
 from app.domain.schedule import OnceSchedule
 from app.store import dead_letters as store
-from app.store.jobs import NewJob, db_now, job_create, job_create_many, policy_from_row
+from app.store.job_rows import policy_from_row
+from app.store.jobs import db_now, job_create, job_create_many
 from app.store.pagination import decode_time_id_cursor
 from app.store.targets import target_lock_live, target_lock_live_many
 

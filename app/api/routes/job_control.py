@@ -12,9 +12,18 @@ from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.routes.jobs import NOT_FOUND, RECURRENCE_FIELDS, ensure_payload_fits, plan_recurrence, retry_policy
 from app.api.schemas import JobPublic, JobUpdate, job_public
+from app.domain.job import NewJob
 from app.domain.schedule import OnceSchedule, ScheduleError, resolve_schedule
 from app.domain.states import TERMINAL_STATES, JobState
 from app.store import jobs as store
+from app.store.job_rows import (
+    policy_columns,
+    policy_from_row,
+    recurrence_columns,
+    recurrence_from_row,
+    schedule_columns,
+    schedule_from_row,
+)
 from app.store.targets import target_lock_live
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -75,7 +84,7 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> Job
     now = await store.db_now(conn)
     new = await store.job_create(
         conn,
-        store.NewJob(
+        NewJob(
             tenant_id=tenant_id,
             target_id=row["target_id"],
             name=row["name"],
@@ -83,7 +92,7 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> Job
             priority=row["priority"],
             schedule=OnceSchedule(now),
             first_fire_at=now,
-            policy=store.policy_from_row(row),
+            policy=policy_from_row(row),
             parent_job_id=row["id"],
         ),
     )
@@ -132,7 +141,7 @@ async def update_job(
 
 
 def _policy_changes(body: JobUpdate, row: RowMapping, attempts_made: int) -> dict[str, Any]:
-    policy = retry_policy(body, store.policy_from_row(row))
+    policy = retry_policy(body, policy_from_row(row))
     # A waiting job with attempts made has a retry pending, which will be one more attempt.
     if attempts_made and policy.max_attempts <= attempts_made:
         raise Problem(
@@ -142,12 +151,7 @@ def _policy_changes(body: JobUpdate, row: RowMapping, attempts_made: int) -> dic
             slug="validation",
             field="max_attempts",
         )
-    return {
-        "max_attempts": policy.max_attempts,
-        "backoff_base_s": policy.backoff_base_s,
-        "backoff_max_s": policy.backoff_max_s,
-        "backoff_factor": policy.backoff_factor,
-    }
+    return policy_columns(policy)
 
 
 async def _schedule_changes(conn: Conn, body: JobUpdate, row: RowMapping, state: JobState) -> dict[str, Any]:
@@ -169,18 +173,16 @@ async def _schedule_changes(conn: Conn, body: JobUpdate, row: RowMapping, state:
             run_at=body.run_at, delay_s=body.delay_s, cron=cron, timezone=timezone, every_s=body.every_s, now=now
         )
     else:
-        schedule, first_fire_at = store.schedule_from_row(row), row["scheduled_for"]
-    recurrence, anchor_at, first_fire_at = plan_recurrence(
-        body, schedule, first_fire_at, now, store.recurrence_from_row(row)
-    )
+        schedule, first_fire_at = schedule_from_row(row), row["scheduled_for"]
+    recurrence, anchor_at, first_fire_at = plan_recurrence(body, schedule, first_fire_at, now, recurrence_from_row(row))
     policy_only = not given & (SCHEDULE_FIELDS | BOUND_FIELDS)
     if policy_only:
         # Misfire and overlap policies apply from the next claim; the schedule stands.
-        return store.recurrence_columns(recurrence)
+        return recurrence_columns(recurrence)
     # A new schedule or new bounds start a new occurrence: fresh attempts, a new webhook-id.
     changes: dict[str, Any] = {
-        **store.schedule_columns(schedule),
-        **store.recurrence_columns(recurrence),
+        **schedule_columns(schedule),
+        **recurrence_columns(recurrence),
         "schedule_anchor_at": anchor_at,
         "scheduled_for": first_fire_at,
         "occurrence_id": uuid.uuid4(),

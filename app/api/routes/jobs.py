@@ -13,6 +13,7 @@ from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.schemas import JobCreate, JobPublic, Page, RunPublic, job_public, page_of
+from app.domain.job import NewJob
 from app.domain.occurrences import Bounds, Recurrence, first_fire_time
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import (
@@ -82,7 +83,7 @@ async def create_job(
     # Unknown and foreign targets look the same: a tenant learns nothing of others' ids.
     if not await target_lock_live(conn, tenant_id, body.target_id):
         raise Problem(422, "no such target", slug="validation", field="target_id")
-    new = store.NewJob(
+    new = NewJob(
         tenant_id=tenant_id,
         target_id=body.target_id,
         name=body.name,

@@ -1,0 +1,309 @@
+"""Jobs, the scheduler's and reaper's side of a lease: claim due jobs, quarantine a row that
+cannot be loaded, hand an unstarted claim back, hand an occurrence off to a child job,
+settle a misfire, and lock expired leases for the reaper. Outcomes are in outcomes.py.
+
+Every write on behalf of a claim is guarded by the lease (state running and the lease
+token). A statement that matches no row lost a race: the caller logs it and moves on,
+never retries it blindly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import uuid
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    SmallInteger,
+    case,
+    cast,
+    func,
+    literal,
+    select,
+    tuple_,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.domain.job import ClaimedJob, RunOutcome
+from app.domain.occurrences import EndReason, Skipped
+from app.domain.partition import partition_for
+from app.domain.priority import DEFAULT_PRIORITY_AGING_S, MAX_PRIORITY, MIN_PRIORITY
+from app.domain.schedule import OnceSchedule
+from app.domain.states import CLAIMABLE_STATES, JobState
+from app.logs import log_event
+from app.store.job_rows import CLAIMED_JOB_COLUMNS, NO_LEASE, claimed_from_row, schedule_columns
+from app.store.outcomes import MISSED_REASON, skipped_run_values
+from app.store.runs import run_insert_many
+from app.store.tables import job_state, jobs, partition_leases, targets
+from app.store.targets import target_saturated_ids, target_take_delivery_slots
+
+logger = logging.getLogger(__name__)
+
+_CLAIMABLE = [s.value for s in CLAIMABLE_STATES]
+
+
+def _leased(job_id: uuid.UUID, lease_token: uuid.UUID) -> list[ColumnElement[bool]]:
+    """The guard of every write on behalf of a claim: the job is still running under that lease."""
+    return [jobs.c.id == job_id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == lease_token]
+
+
+async def job_claim_due(
+    conn: AsyncConnection,
+    owner: str,
+    limit: int,
+    lease_s: float,
+    held: dict[int, int] | None = None,
+    aging_s: float = DEFAULT_PRIORITY_AGING_S,
+) -> list[ClaimedJob]:
+    """Leases up to `limit` due jobs to `owner`, highest effective priority first (priority
+    plus one level per `aging_s` waited), then oldest due first.
+
+    `held` (partition -> epoch) fences the claim by ownership: only jobs in partitions whose
+    lease row still names `owner` with that epoch, unexpired, are taken. None claims from
+    every partition (tools and tests that run without ownership). SKIP LOCKED lets
+    concurrent schedulers claim disjoint batches without waiting.
+    """
+    if held is not None and not held:
+        return []
+    # Shared by the ten level scans below, so each is computed once per claim.
+    saturated = target_saturated_ids().cte("saturated")
+    conditions = [
+        jobs.c.state.in_(_CLAIMABLE),
+        jobs.c.run_at <= func.now(),
+        # A target at its limit does not crowd the batch: its jobs wait, others go ahead.
+        jobs.c.target_id.not_in(select(saturated.c.id)),
+    ]
+    if held is not None:
+        # The held (partition, epoch) pairs travel as two array parameters, not 512 scalars.
+        pairs = (
+            func.unnest(literal(list(held), ARRAY(SmallInteger)), literal(list(held.values()), ARRAY(BigInteger)))
+            .table_valued("partition", "epoch")
+            .render_derived(name="held")
+        )
+        owned = (
+            select(partition_leases.c.partition)
+            .where(
+                partition_leases.c.owner == owner,
+                partition_leases.c.expires_at > func.now(),
+                tuple_(partition_leases.c.partition, partition_leases.c.epoch).in_(
+                    select(pairs.c.partition, pairs.c.epoch)
+                ),
+            )
+            .cte("owned")
+        )
+        conditions.append(jobs.c.partition.in_(select(owned.c.partition)))
+    # Priority with aging (app/domain/priority.py): within one priority level, the longest
+    # waiting job has the highest effective priority, so the `limit` best jobs overall are
+    # among the `limit` oldest due jobs of each level. Ten short index scans (ix_jobs_due:
+    # priority, run_at) find and lock those candidates, however large the backlog; SKIP
+    # LOCKED in each keeps concurrent claimers on disjoint candidates. Candidates not taken
+    # stay locked only until this transaction ends.
+    levels = [
+        select(jobs.c.id, jobs.c.target_id, jobs.c.priority, jobs.c.run_at)
+        .where(*conditions, jobs.c.priority == level)
+        .order_by(jobs.c.run_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=jobs)
+        .cte(f"level_{level}")
+        for level in range(MIN_PRIORITY, MAX_PRIORITY + 1)
+    ]
+    candidates = union_all(*(select(level) for level in levels)).subquery("candidates")
+    waited_s = func.extract("epoch", func.now() - candidates.c.run_at)
+    effective = candidates.c.priority + func.greatest(waited_s, 0) / aging_s
+    limited = targets.c.max_in_flight.is_not(None) | targets.c.rate_per_s.is_not(None)
+    due_stmt = (
+        select(candidates.c.id, candidates.c.target_id, limited.label("limited"))
+        .join(targets, targets.c.id == candidates.c.target_id)
+        .order_by(effective.desc(), candidates.c.run_at)
+        .limit(limit)
+    )
+    # Row-locked until commit: no other claimer can take these meanwhile.
+    due = list(await conn.execute(due_stmt))
+    if not due:
+        return []
+    ids = [row.id for row in due]
+    limited_rows = [row for row in due if row.limited]
+    if limited_rows:
+        wanted = Counter(row.target_id for row in limited_rows)
+        granted = await target_take_delivery_slots(conn, wanted)
+        ids = []
+        for row in due:  # in claim order: each limited target keeps its best jobs
+            if row.limited:
+                if granted[row.target_id] <= 0:
+                    continue
+                granted[row.target_id] -= 1
+            ids.append(row.id)
+        if not ids:
+            return []
+    stmt = (
+        update(jobs)
+        .where(jobs.c.id.in_(ids), targets.c.id == jobs.c.target_id)
+        .values(
+            state=JobState.RUNNING,
+            attempt=jobs.c.attempt + 1,
+            # Kept across the occurrence's retries (attempt is 0 only before its first claim).
+            occurrence_claimed_at=case((jobs.c.attempt == 0, func.now()), else_=jobs.c.occurrence_claimed_at),
+            lease_owner=owner,
+            lease_token=func.gen_random_uuid(),
+            lease_expires_at=func.now() + dt.timedelta(seconds=lease_s),
+            run_at=None,
+            updated_at=func.now(),
+        )
+        .returning(*CLAIMED_JOB_COLUMNS)
+    )
+    rows = (await conn.execute(stmt)).mappings().all()
+    claimed: list[ClaimedJob] = []
+    for leased in rows:
+        try:
+            claimed.append(claimed_from_row(leased))
+        except Exception as exc:  # one row that cannot be loaded must not stop every delivery
+            await _job_quarantine(conn, leased["id"], leased["lease_token"], f"{type(exc).__name__}: {exc}"[:300])
+    return claimed
+
+
+async def _job_quarantine(conn: AsyncConnection, job_id: uuid.UUID, lease_token: uuid.UUID, error: str) -> None:
+    """Pauses a claimed job whose row could not be turned into a delivery (data the code no
+    longer accepts), with the reason in last_error, so that a user can PATCH and resume it."""
+    reason = f"paused: cronhook could not load this job ({error}); fix it with PATCH, then resume"
+    await conn.execute(
+        update(jobs)
+        .where(*_leased(job_id, lease_token))
+        .values(
+            state=JobState.PAUSED,
+            attempt=jobs.c.attempt - 1,
+            run_at=None,
+            **NO_LEASE,
+            last_error=reason,
+            updated_at=func.now(),
+        )
+    )
+    log_event(logger, "job_quarantined", logging.ERROR, job_id=str(job_id), error=error.split(":")[0])
+
+
+async def job_release_claim(conn: AsyncConnection, job: ClaimedJob) -> bool:
+    """Hands an unstarted claim back (no POST was made): the attempt is not counted."""
+    stmt = (
+        update(jobs)
+        .where(*_leased(job.id, job.lease_token))
+        .values(
+            state=case(
+                (jobs.c.attempt > 1, cast(literal(JobState.RETRYING.value), job_state)),
+                else_=cast(literal(JobState.SCHEDULED.value), job_state),
+            ),
+            attempt=jobs.c.attempt - 1,
+            run_at=func.now(),
+            **NO_LEASE,
+            updated_at=func.now(),
+        )
+        .returning(jobs.c.id)
+    )
+    return (await conn.execute(stmt)).first() is not None
+
+
+async def job_hand_off_occurrence(
+    conn: AsyncConnection, job: ClaimedJob, next_at: dt.datetime | None, ended: EndReason | None
+) -> ClaimedJob | None:
+    """Moves a claimed recurring job's occurrence to a one-off child job, so the next
+    occurrence can start while this one is in flight (overlap_policy allow).
+
+    The child takes over the claim as it is (running, the same lease token, expiry, attempt
+    and webhook-id), so the delivery, its retries and its dead letter are the child's, and a
+    target's in-flight count does not change. The parent counts the occurrence as run and
+    waits for `next_at`, or ends (succeeded, `ended`) when there is none. Guarded by the
+    parent's lease token: returns the child to deliver, or None when the lease was lost.
+    """
+    child_id = uuid.uuid4()
+    guard = _leased(job.id, job.lease_token)
+    copied = ["tenant_id", "target_id", "name", "payload", "priority", "state", "occurrence_id", "attempt"]
+    copied += ["occurrence_claimed_at", "max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor"]
+    copied += ["lease_owner", "lease_token", "lease_expires_at"]
+    fixed: dict[str, Any] = {
+        "id": child_id,
+        "partition": partition_for(child_id),
+        **schedule_columns(OnceSchedule(job.scheduled_for)),
+        "schedule_anchor_at": job.scheduled_for,
+        "scheduled_for": job.scheduled_for,
+        "parent_job_id": job.id,
+    }
+    columns = [*copied, *fixed]
+    source = select(
+        *(jobs.c[name] for name in copied), *(literal(value, jobs.c[name].type) for name, value in fixed.items())
+    )
+    inserted = await conn.execute(insert(jobs).from_select(columns, source.where(*guard)).returning(jobs.c.id))
+    if inserted.first() is None:
+        return None
+    parent = {**_next_occurrence_values(next_at, ended), "occurrence_claimed_at": None}
+    parent["occurrences_run"] = jobs.c.occurrences_run + 1
+    await conn.execute(update(jobs).where(*guard).values(**parent, updated_at=func.now()))
+    return dataclasses.replace(
+        job,
+        id=child_id,
+        partition=fixed["partition"],
+        schedule=OnceSchedule(job.scheduled_for),
+        schedule_anchor_at=job.scheduled_for,
+        recurrence=None,
+        occurrences_run=0,
+    )
+
+
+async def job_settle_due_plan(
+    conn: AsyncConnection,
+    job: ClaimedJob,
+    missed: Skipped,
+    deliver_at: dt.datetime | None,
+    next_at: dt.datetime | None,
+    ended: EndReason | None,
+) -> bool:
+    """Applies a misfire decision to a claimed recurring job, guarded by its lease token.
+
+    With `deliver_at`, the claimed occurrence becomes the one due then (the delivery follows).
+    Without, nothing is delivered: the job waits for `next_at`, or ends (succeeded, with
+    `ended`) when there is none. Missed fire times are recorded as `missed` runs.
+    Returns False when the lease was lost meanwhile (nothing is written).
+    """
+    guard = _leased(job.id, job.lease_token)
+    values = {"scheduled_for": deliver_at} if deliver_at is not None else _next_occurrence_values(next_at, ended)
+    stmt = update(jobs).where(*guard).values(**values, updated_at=func.now()).returning(jobs.c.id)
+    if (await conn.execute(stmt)).first() is None:
+        return False
+    rows = skipped_run_values(job, missed, RunOutcome.MISSED, MISSED_REASON)
+    if rows:
+        await run_insert_many(conn, rows)
+    return True
+
+
+def _next_occurrence_values(next_at: dt.datetime | None, ended: EndReason | None) -> dict[str, Any]:
+    """A recurring job released from its claim: waiting for `next_at` as a new occurrence, or
+    ended (succeeded, `ended`) when there is none."""
+    if next_at is not None:
+        waiting = {"state": JobState.SCHEDULED, "run_at": next_at, "scheduled_for": next_at}
+        values: dict[str, Any] = {**waiting, "occurrence_id": uuid.uuid4()}
+    else:
+        values = {"state": JobState.SUCCEEDED, "ended_reason": ended or "schedule", "finished_at": func.now()}
+    return {**values, "attempt": 0, **NO_LEASE}
+
+
+async def job_lock_expired_leases(conn: AsyncConnection, limit: int) -> list[ClaimedJob]:
+    """Running jobs whose lease has expired, row-locked for this transaction.
+
+    SKIP LOCKED: two reapers never hold the same job; the lease-token guard in
+    job_finish_attempts makes a late scheduler's completion a no-op.
+    """
+    stmt = (
+        select(*CLAIMED_JOB_COLUMNS)
+        .join(targets, targets.c.id == jobs.c.target_id)
+        .where(jobs.c.state == JobState.RUNNING, jobs.c.lease_expires_at < func.now())
+        .order_by(jobs.c.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=jobs)
+    )
+    rows = (await conn.execute(stmt)).mappings().all()
+    return [claimed_from_row(row) for row in rows]

@@ -1,0 +1,133 @@
+"""Job rows to domain values and back: schedule, recurrence and retry-policy columns, the
+one projection a claimed job is read with, and the lease columns of a job no one holds."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import func
+from sqlalchemy.engine import RowMapping
+
+from app.domain.job import ClaimedJob
+from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence
+from app.domain.retry import RetryPolicy
+from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule
+from app.store.tables import jobs, targets
+
+# What a claimed job is read with (claim and reaper alike): the job, its target's delivery
+# settings, and the database's now() as `claimed_at`.
+CLAIMED_JOB_COLUMNS = (
+    *jobs.c,
+    targets.c.url,
+    targets.c.headers,
+    targets.c.timeout_s,
+    targets.c.signing_secret,
+    targets.c.retry_on_status,
+    func.now().label("claimed_at"),
+)
+
+# The lease columns of a job no scheduler holds.
+NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
+
+
+def schedule_columns(schedule: Schedule) -> dict[str, Any]:
+    if isinstance(schedule, OnceSchedule):
+        return {"schedule_kind": "once", "cron": None, "every_s": None, "timezone": "UTC"}
+    if isinstance(schedule, CronSchedule):
+        return {
+            "schedule_kind": "cron",
+            "cron": schedule.expression,
+            "every_s": None,
+            "timezone": schedule.timezone,
+        }
+    return {"schedule_kind": "interval", "cron": None, "every_s": schedule.every_s, "timezone": "UTC"}
+
+
+def schedule_from_row(row: RowMapping) -> Schedule:
+    kind = row["schedule_kind"]
+    if kind == "cron":
+        return CronSchedule(row["cron"], row["timezone"])
+    if kind == "interval":
+        return IntervalSchedule(row["every_s"])
+    return OnceSchedule(row["scheduled_for"])
+
+
+def recurrence_from_row(row: RowMapping) -> Recurrence | None:
+    schedule = schedule_from_row(row)
+    if isinstance(schedule, OnceSchedule):
+        return None
+    return Recurrence(
+        schedule=schedule,
+        anchor=row["schedule_anchor_at"],
+        interval_mode=IntervalMode(row["interval_mode"]),
+        misfire_policy=MisfirePolicy(row["misfire_policy"]),
+        misfire_grace_s=row["misfire_grace_s"],
+        catch_up_limit=row["catch_up_limit"],
+        overlap_policy=OverlapPolicy(row["overlap_policy"]),
+        bounds=Bounds(
+            _bound(row["start_at"], dt.datetime.min), _bound(row["end_at"], dt.datetime.max), row["max_runs"]
+        ),
+    )
+
+
+def _bound(value: dt.datetime | None, unbounded: dt.datetime) -> dt.datetime | None:
+    # asyncpg reads PostgreSQL's -infinity / infinity as a naive datetime.min / datetime.max
+    # (rows written before bounds were range-checked); in the open direction that is no bound.
+    return None if value == unbounded else value
+
+
+def recurrence_columns(recurrence: Recurrence | None) -> dict[str, Any]:
+    if recurrence is None:
+        return {}
+    return {
+        "interval_mode": recurrence.interval_mode.value,
+        "misfire_policy": recurrence.misfire_policy.value,
+        "misfire_grace_s": recurrence.misfire_grace_s,
+        "catch_up_limit": recurrence.catch_up_limit,
+        "overlap_policy": recurrence.overlap_policy.value,
+        "start_at": recurrence.bounds.start_at,
+        "end_at": recurrence.bounds.end_at,
+        "max_runs": recurrence.bounds.max_runs,
+    }
+
+
+def policy_from_row(row: RowMapping) -> RetryPolicy:
+    return RetryPolicy(row["max_attempts"], row["backoff_base_s"], row["backoff_max_s"], row["backoff_factor"])
+
+
+def policy_columns(policy: RetryPolicy) -> dict[str, Any]:
+    return {
+        "max_attempts": policy.max_attempts,
+        "backoff_base_s": policy.backoff_base_s,
+        "backoff_max_s": policy.backoff_max_s,
+        "backoff_factor": policy.backoff_factor,
+    }
+
+
+def claimed_from_row(row: RowMapping) -> ClaimedJob:
+    """A row read with CLAIMED_JOB_COLUMNS."""
+    return ClaimedJob(
+        id=row["id"],
+        partition=row["partition"],
+        tenant_id=row["tenant_id"],
+        target_id=row["target_id"],
+        payload=row["payload"],
+        schedule=schedule_from_row(row),
+        schedule_anchor_at=row["schedule_anchor_at"],
+        scheduled_for=row["scheduled_for"],
+        occurrence_id=row["occurrence_id"],
+        attempt=row["attempt"],
+        policy=policy_from_row(row),
+        lease_token=row["lease_token"],
+        lease_owner=row["lease_owner"],
+        claimed_at=row["claimed_at"],
+        occurrence_claimed_at=row["occurrence_claimed_at"],
+        url=row["url"],
+        headers=dict(row["headers"] or {}),
+        timeout_s=row["timeout_s"],
+        signing_secret=row["signing_secret"],
+        retry_on_status=None if row["retry_on_status"] is None else frozenset(row["retry_on_status"]),
+        recurrence=recurrence_from_row(row),
+        occurrences_run=row["occurrences_run"],
+    )
