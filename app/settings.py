@@ -10,6 +10,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.domain.retry import RetryPolicy
+
 # The largest per-target HTTP deadline any deployment may configure.
 TARGET_TIMEOUT_CEILING_S = 300.0
 # A partition lease must survive this many renew intervals.
@@ -72,6 +74,16 @@ class Settings(BaseSettings):
     default_target_timeout_s: float = Field(default=10.0, gt=0, le=TARGET_TIMEOUT_CEILING_S)
 
     log_level: str = "INFO"
+
+    @property
+    def default_retry_policy(self) -> RetryPolicy:
+        """The retry policy of a job that sets none of its own."""
+        return RetryPolicy(
+            self.default_max_attempts,
+            self.default_backoff_base_s,
+            self.default_backoff_max_s,
+            self.default_backoff_factor,
+        )
 
     @model_validator(mode="after")
     def _lease_outlasts_http_deadline(self) -> Settings:

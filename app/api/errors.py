@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.domain.job_plan import PlanError
 from app.domain.schedule import ScheduleError
 from app.logs import log_event
 from app.services.loop import is_transient_db_error
@@ -116,6 +117,12 @@ def install_error_handlers(app: FastAPI) -> None:
             f"{exc.field}: {exc.message}",
             slug="validation",
             errors=field_error(exc.field, exc.message),
+        )
+
+    @app.exception_handler(PlanError)
+    async def _plan(request: Request, exc: PlanError) -> JSONResponse:
+        return problem_response(
+            request, 422, exc.message, slug="validation", errors=field_error(exc.field, exc.message)
         )
 
     @app.exception_handler(InvalidCursor)

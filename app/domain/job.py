@@ -85,9 +85,7 @@ class ClaimedJob:
 
     def attempt_context(self) -> AttemptContext:
         return AttemptContext(
-            self.schedule,
             self.scheduled_for,
-            self.schedule_anchor_at,
             self.attempt,
             self.policy,
             recurrence=self.recurrence,

@@ -12,15 +12,12 @@ from dataclasses import dataclass
 
 from app.domain.occurrences import NO_SKIPS, EndReason, Recurrence, Skipped, next_after_run
 from app.domain.retry import RetryPolicy, attempts_exhausted, backoff_delay
-from app.domain.schedule import Schedule, ScheduleError, next_fire_after_occurrence
 from app.domain.states import JobState
 
 
 @dataclass(frozen=True)
 class AttemptContext:
-    schedule: Schedule
     scheduled_for: dt.datetime
-    anchor: dt.datetime
     attempt: int  # the attempt just made, 1-based
     policy: RetryPolicy
     # Recurring jobs: bounds, interval mode, misfire and overlap policies; None for one-offs.
@@ -71,20 +68,13 @@ def after_attempt(
     dead_letter = not succeeded
     # A recurring job keeps its schedule after a failed occurrence (as Cloud Scheduler does):
     # the occurrence is dead-lettered and the next one is scheduled.
-    ended_reason: EndReason | None = None
-    overlapped = NO_SKIPS
-    try:
-        if ctx.recurrence is None:
-            next_at = next_fire_after_occurrence(ctx.schedule, ctx.scheduled_for, ctx.anchor, now)
-        else:
-            following = next_after_run(
-                ctx.recurrence, ctx.scheduled_for, now, ctx.runs_done + 1, claimed_at=ctx.first_claimed_at
-            )
-            next_at, ended_reason, overlapped = following.next_at, following.ended, following.overlapped
-    except ScheduleError:
-        # The schedule has no fire time left (e.g. a date that has passed): it is complete.
-        # Raising here would leave the job running and the reaper re-delivering it.
-        next_at, ended_reason = None, "schedule"
+    if ctx.recurrence is None:  # a one-off: nothing follows
+        next_at, ended_reason, overlapped = None, None, NO_SKIPS
+    else:
+        following = next_after_run(
+            ctx.recurrence, ctx.scheduled_for, now, ctx.runs_done + 1, claimed_at=ctx.first_claimed_at
+        )
+        next_at, ended_reason, overlapped = following.next_at, following.ended, following.overlapped
     if next_at is not None:
         return NextStep(JobState.SCHEDULED, next_occurrence_at=next_at, dead_letter=dead_letter, overlapped=overlapped)
     return NextStep(

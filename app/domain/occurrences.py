@@ -11,7 +11,8 @@ The scheduler calls, in this order:
   or, under overlap ALLOW, as soon as it is handed off to a child job for delivery, so the
   next occurrence may start while it is still in flight.
 Under FORBID the next occurrence is only planned once the current one is done, so overlap
-means fire times that came due while one was in flight.
+means fire times that came due while one was in flight. A schedule with no fire time left
+ends its job, decided in one place (_ends_when_no_fire_time_left).
 
 Bounded counting
     A job every second that was down for a year has 31M missed fire times, so nothing here
@@ -27,12 +28,22 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import Final, Literal, ParamSpec, Protocol, TypeVar
 
 from app.domain.cron import MAX_UPCOMING, CronSpec, parse_cron, upcoming
-from app.domain.schedule import CronSchedule, IntervalSchedule, ScheduleError, next_cron_fire, next_interval_fire
+from app.domain.schedule import (
+    TICK,
+    CronSchedule,
+    IntervalSchedule,
+    ScheduleError,
+    first_fire,
+    next_cron_fire,
+    next_interval_fire,
+)
 
 __all__ = [
     "CRON_COUNT_BUDGET",
@@ -65,10 +76,7 @@ CRON_COUNT_BUDGET: Final = 2_000
 # which croniter enumeration (app.domain.cron.upcoming) caps.
 MAX_CATCH_UP_LIMIT: Final = MAX_UPCOMING
 
-# Datetimes have microsecond resolution: t < x is t <= x - _TICK.
-_TICK: Final = dt.timedelta(microseconds=1)
-
-# "schedule": a cron expression with no fire time left (raised as ScheduleError by the math).
+# "schedule": a cron expression with no fire time left (see _ends_when_no_fire_time_left).
 EndReason = Literal["max_runs", "end_at", "schedule"]
 
 
@@ -170,24 +178,39 @@ def first_fire_time(
     there, so its fire times stay on start_at's grid. Raises ScheduleError for invalid bounds.
     """
     _validate_bounds(bounds)
-    start_at = None if bounds.start_at is None else bounds.start_at.astimezone(UTC)
-    if isinstance(schedule, CronSchedule):
-        if start_at is not None and start_at >= now:
-            first = next_cron_fire(schedule, start_at - _TICK)  # start_at itself may fire
-        else:
-            first = next_cron_fire(schedule, now)
-        anchor = first
-    elif start_at is None:
-        anchor = first = (now + dt.timedelta(seconds=schedule.every_s)).astimezone(UTC)
-    else:
-        anchor = start_at
-        # The first grid point at or after now; a start_at still ahead is itself the first.
-        first = start_at if start_at >= now else next_interval_fire(schedule, start_at, now - _TICK)
+    first = first_fire(schedule, now, bounds.start_at)
+    anchor = first
+    if isinstance(schedule, IntervalSchedule) and bounds.start_at is not None:
+        anchor = bounds.start_at.astimezone(UTC)  # fire times stay on start_at's grid
     if bounds.end_at is not None and first > bounds.end_at:
         return None
     return anchor, first
 
 
+_Plan = TypeVar("_Plan", "DuePlan", "NextAfterRun")
+_Args = ParamSpec("_Args")
+
+
+def _ends_when_no_fire_time_left(ended: _Plan) -> Callable[[Callable[_Args, _Plan]], Callable[_Args, _Plan]]:
+    """The one rule for a schedule with no fire time left: the job ends (ended_reason
+    "schedule"), with nothing missed or overlapped. The fire-time math raises ScheduleError
+    then (a date that has passed, the end of datetime); letting it escape would leave the
+    job running and the reaper re-delivering it."""
+
+    def decorate(plan: Callable[_Args, _Plan]) -> Callable[_Args, _Plan]:
+        @functools.wraps(plan)
+        def planned(*args: _Args.args, **kwargs: _Args.kwargs) -> _Plan:
+            try:
+                return plan(*args, **kwargs)
+            except ScheduleError:
+                return ended
+
+        return planned
+
+    return decorate
+
+
+@_ends_when_no_fire_time_left(DuePlan(None, NO_SKIPS, None, "schedule"))
 def plan_due(rec: Recurrence, scheduled_for: dt.datetime, runs_done: int, now: dt.datetime) -> DuePlan:
     """What to deliver now that the occurrence due at `scheduled_for` has been claimed.
 
@@ -214,7 +237,7 @@ def plan_due(rec: Recurrence, scheduled_for: dt.datetime, runs_done: int, now: d
     deliver_at: dt.datetime | None
     if rec.misfire_policy is MisfirePolicy.SKIP:
         # The earliest fire time at most misfire_grace_s before now still counts as on time.
-        on_time = fire_times.following(now - grace - _TICK)
+        on_time = fire_times.following(now - grace - TICK)
         if on_time > last:
             missed = _from(scheduled_for, fire_times.span(scheduled_for, last))
             next_at, ended = _within_end(fire_times.following(now), bounds)
@@ -228,9 +251,10 @@ def plan_due(rec: Recurrence, scheduled_for: dt.datetime, runs_done: int, now: d
         deliver_at = fire_times.kth_latest(scheduled_for, last, rec.catch_up_limit) or scheduled_for
     if deliver_at == scheduled_for:
         return DuePlan(deliver_at, NO_SKIPS, None, None)
-    return DuePlan(deliver_at, _from(scheduled_for, fire_times.span(scheduled_for, deliver_at - _TICK)), None, None)
+    return DuePlan(deliver_at, _from(scheduled_for, fire_times.span(scheduled_for, deliver_at - TICK)), None, None)
 
 
+@_ends_when_no_fire_time_left(NextAfterRun(None, "schedule", NO_SKIPS))
 def next_after_run(
     rec: Recurrence,
     occurrence_at: dt.datetime,

@@ -4,10 +4,13 @@ A job has exactly one schedule:
 - Once: fires at one instant (`run_at`, or `delay_s` from creation).
 - Cron: a cron expression evaluated in an IANA time zone (syntax and DST policy in
   app/domain/cron.py).
-- Interval: every `every_s` seconds, anchored at the first fire time (fixed rate).
+- Interval: every `every_s` seconds, on a grid from its anchor (fixed rate) or after each
+  run (fixed delay).
 
-Missed occurrences (the service was down or backlogged) are coalesced: after an occurrence
-runs, the next fire time is the first one strictly after both the occurrence and `now`.
+This module turns the API's schedule fields into a Schedule and owns the fire-time math:
+the first fire time, the next cron fire time, the next point of an interval's grid. What a
+recurring job does at each occurrence (bounds, misfires, overlap, catch-up, and a schedule
+with no fire time left) is app/domain/occurrences.py.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 from app.domain.cron import CronError, next_fire, parse_cron
 
 UTC = dt.UTC
+# Datetimes have microsecond resolution: t < x is t <= x - TICK.
+TICK = dt.timedelta(microseconds=1)
 
 # run_at bounds: earlier is surely a mistake (a past run_at fires at once); later, a typo.
 # They also keep every stored instant far from the ends of datetime (PostgreSQL would keep
@@ -92,29 +97,25 @@ def next_interval_fire(schedule: IntervalSchedule, anchor: dt.datetime, after: d
     return anchor + k * step
 
 
-def first_fire(schedule: Schedule, now: dt.datetime) -> dt.datetime:
-    """The fire time of a newly created job's first occurrence."""
+def first_fire(schedule: Schedule, now: dt.datetime, start_at: dt.datetime | None = None) -> dt.datetime:
+    """The fire time of a new schedule's first occurrence.
+
+    A one-off fires at its instant. A recurring schedule's first fire time is never in the
+    past: at or after `start_at` when that is still ahead, otherwise (as without start_at)
+    after `now`; an interval with `start_at` stays on start_at's grid.
+    """
     _require_aware(now)
     if isinstance(schedule, OnceSchedule):
         return schedule.at.astimezone(UTC)
+    start = None if start_at is None else start_at.astimezone(UTC)
     if isinstance(schedule, CronSchedule):
+        if start is not None and start >= now:
+            return next_cron_fire(schedule, start - TICK)  # start_at itself may fire
         return next_cron_fire(schedule, now)
-    return now + dt.timedelta(seconds=schedule.every_s)
-
-
-def next_fire_after_occurrence(
-    schedule: Schedule, occurrence: dt.datetime, anchor: dt.datetime, now: dt.datetime
-) -> dt.datetime | None:
-    """The next fire time once the occurrence due at `occurrence` is done; None for one-offs.
-
-    Missed fire times between `occurrence` and `now` are coalesced (skipped).
-    """
-    if isinstance(schedule, OnceSchedule):
-        return None
-    after = max(occurrence, now)
-    if isinstance(schedule, CronSchedule):
-        return next_cron_fire(schedule, after)
-    return next_interval_fire(schedule, anchor, after)
+    if start is None:
+        return (now + dt.timedelta(seconds=schedule.every_s)).astimezone(UTC)
+    # The first grid point at or after now; a start_at still ahead is itself the first.
+    return start if start >= now else next_interval_fire(schedule, start, now - TICK)
 
 
 def _require_aware(value: dt.datetime) -> None:
@@ -122,7 +123,7 @@ def _require_aware(value: dt.datetime) -> None:
         raise ValueError("naive datetime; pass an aware datetime")
 
 
-def resolve_schedule(
+def parse_schedule(
     *,
     run_at: dt.datetime | None,
     delay_s: float | None,
@@ -130,8 +131,8 @@ def resolve_schedule(
     timezone: str | None,
     every_s: int | None,
     now: dt.datetime,
-) -> tuple[Schedule, dt.datetime]:
-    """Turns the API's schedule fields into a Schedule and its first fire time.
+) -> Schedule:
+    """Turns the API's schedule fields into a Schedule (its first fire time: first_fire).
 
     Exactly one of run_at, delay_s, cron and every_s must be given; `timezone` only with cron.
     """
@@ -166,4 +167,4 @@ def resolve_schedule(
         if every_s <= 0:
             raise ScheduleError("every_s", "must be greater than 0")
         schedule = IntervalSchedule(every_s)
-    return schedule, first_fire(schedule, now)
+    return schedule

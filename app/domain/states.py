@@ -60,6 +60,10 @@ CANCELLABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYIN
 # States a user may pause from. A running job finishes its occurrence first (409 meanwhile).
 PAUSABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING)
 
+# States a user may change a job in (PATCH): it is waiting. A running job finishes its
+# occurrence first (409 meanwhile).
+CHANGEABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING, JobState.PAUSED)
+
 
 def can_transition(current: JobState, new: JobState) -> bool:
     return new in TRANSITIONS[current]

@@ -20,8 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
-from app.domain.occurrences import NO_SKIPS, DuePlan, next_after_run, plan_due
-from app.domain.schedule import ScheduleError
+from app.domain.occurrences import next_after_run, plan_due
 from app.logs import log_event
 from app.services.dispatcher import Dispatcher
 from app.services.loop import is_transient_db_error, run_forever
@@ -235,13 +234,10 @@ class Scheduler:
         its next fire time now, so a slow delivery never holds the next one back."""
         assert job.recurrence is not None
         now = _db_clock(job, claimed_mono)
-        try:
-            following = next_after_run(
-                job.recurrence, job.scheduled_for, now, job.occurrences_run + 1, claimed_at=job.occurrence_claimed_at
-            )
-            next_at, ended = following.next_at, following.ended
-        except ScheduleError:  # no fire time left: this occurrence is the last
-            next_at, ended = None, "schedule"
+        following = next_after_run(
+            job.recurrence, job.scheduled_for, now, job.occurrences_run + 1, claimed_at=job.occurrence_claimed_at
+        )
+        next_at, ended = following.next_at, following.ended
         async with self._engine.begin() as conn:
             child = await job_hand_off_occurrence(conn, job, next_at, ended)
         if child is None:
@@ -254,10 +250,7 @@ class Scheduler:
         """Applies the job's misfire policy to a late occurrence; returns the job to deliver
         (possibly for another fire time), or None when nothing is to be delivered now."""
         assert job.recurrence is not None
-        try:
-            plan = plan_due(job.recurrence, job.scheduled_for, job.occurrences_run, _db_clock(job, claimed_mono))
-        except ScheduleError:  # no fire time left at all: the schedule is complete
-            plan = DuePlan(None, NO_SKIPS, None, "schedule")
+        plan = plan_due(job.recurrence, job.scheduled_for, job.occurrences_run, _db_clock(job, claimed_mono))
         if plan.deliver_at == job.scheduled_for:
             return job
         async with self._engine.begin() as conn:

@@ -4,12 +4,14 @@ one projection a claimed job is read with, and the lease columns of a job no one
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 from sqlalchemy import func
 from sqlalchemy.engine import RowMapping
 
 from app.domain.job import ClaimedJob
+from app.domain.job_plan import JobChanges
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule
@@ -131,3 +133,24 @@ def claimed_from_row(row: RowMapping) -> ClaimedJob:
         recurrence=recurrence_from_row(row),
         occurrences_run=row["occurrences_run"],
     )
+
+
+def job_change_columns(changes: JobChanges) -> dict[str, Any]:
+    """The columns a planned change (app/domain/job_plan.py) writes."""
+    columns: dict[str, Any] = {}
+    if changes.policy is not None:
+        columns.update(policy_columns(changes.policy))
+    columns.update(recurrence_columns(changes.recurrence))
+    new = changes.rescheduled
+    if new is not None:
+        columns.update(
+            **schedule_columns(new.schedule),
+            **recurrence_columns(new.recurrence),
+            schedule_anchor_at=new.anchor_at,
+            scheduled_for=new.first_fire_at,
+            occurrence_id=uuid.uuid4(),
+            attempt=0,
+        )
+        if new.state is not None:
+            columns.update(state=new.state, run_at=new.first_fire_at)
+    return columns

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from app.domain.lifecycle import AttemptContext, after_attempt
+from app.domain.occurrences import Recurrence
 from app.domain.retry import (
     MAX_RETRY_AFTER_S,
     RetryPolicy,
@@ -17,7 +18,7 @@ from app.domain.retry import (
     is_retryable_status,
     parse_retry_after,
 )
-from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule
+from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule
 from app.domain.states import JobState
 
 POLICY = RetryPolicy(max_attempts=4, backoff_base_s=2.0, backoff_max_s=10.0)
@@ -42,9 +43,10 @@ def test_attempts_exhausted_at_max() -> None:
     assert attempts_exhausted(POLICY, 4)
 
 
-def ctx(schedule: object, attempt: int) -> AttemptContext:
+def ctx(schedule: Schedule, attempt: int) -> AttemptContext:
     occurrence = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
-    return AttemptContext(schedule, occurrence, occurrence, attempt, POLICY)  # type: ignore[arg-type]
+    recurrence = None if isinstance(schedule, OnceSchedule) else Recurrence(schedule, occurrence)
+    return AttemptContext(occurrence, attempt, POLICY, recurrence=recurrence)
 
 
 ONCE = OnceSchedule(dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC))
@@ -132,7 +134,7 @@ def test_retry_after_lengthens_but_never_shortens_the_backoff() -> None:
     long_wait = after_attempt(ctx(ONCE, 1), False, NOW, random.Random(1), retry_after_s=90.0)
     assert long_wait.retry_delay_s == 90.0
     # Attempt 4 of a 5-attempt policy: ceiling 10 s; a 0 s Retry-After keeps the jittered delay.
-    policy_ctx = AttemptContext(ONCE, NOW, NOW, 1, RetryPolicy(5, 8.0, 10.0))
+    policy_ctx = AttemptContext(NOW, 1, RetryPolicy(5, 8.0, 10.0))
     short = after_attempt(policy_ctx, False, NOW, random.Random(3), retry_after_s=0.0)
     plain = after_attempt(policy_ctx, False, NOW, random.Random(3))
     assert short.retry_delay_s == plain.retry_delay_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -10,12 +11,12 @@ from app.domain.schedule import (
     CronSchedule,
     IntervalSchedule,
     OnceSchedule,
+    Schedule,
     ScheduleError,
     first_fire,
     next_cron_fire,
-    next_fire_after_occurrence,
     next_interval_fire,
-    resolve_schedule,
+    parse_schedule,
 )
 
 UTC = dt.UTC
@@ -82,24 +83,18 @@ def test_next_interval_fire_fixed_rate(anchor: dt.datetime, after: dt.datetime, 
     assert next_interval_fire(IntervalSchedule(10), anchor, after) == expected
 
 
-def test_missed_occurrences_are_coalesced() -> None:
-    # The 10:00 occurrence ran at 13:20 (service was down): the next is 14:00, not 11:00.
-    schedule = CronSchedule("0 * * * *", "UTC")
-    nxt = next_fire_after_occurrence(schedule, utc(2026, 1, 1, 10), utc(2026, 1, 1, 10), utc(2026, 1, 1, 13, 20))
-    assert nxt == utc(2026, 1, 1, 14)
-
-
-def test_one_off_has_no_next_occurrence() -> None:
-    at = utc(2026, 1, 1)
-    assert next_fire_after_occurrence(OnceSchedule(at), at, at, utc(2026, 1, 2)) is None
-
-
 def test_naive_now_is_refused() -> None:
     with pytest.raises(ValueError, match="naive"):
         first_fire(IntervalSchedule(5), dt.datetime(2026, 1, 1))
 
 
 NOW = utc(2026, 5, 5, 12, 0, 0)
+
+
+def resolve_schedule(**fields: Any) -> tuple[Schedule, dt.datetime]:
+    """A request's schedule and its first fire time, as a create computes them."""
+    schedule = parse_schedule(**fields)
+    return schedule, first_fire(schedule, fields["now"])
 
 
 def test_resolve_each_schedule_kind() -> None:
@@ -140,5 +135,5 @@ def test_resolve_rejects_bad_schedules_naming_the_field(fields: dict[str, object
     args: dict[str, object] = {"run_at": None, "delay_s": None, "cron": None, "timezone": None, "every_s": None}
     args.update(fields)
     with pytest.raises(ScheduleError) as err:
-        resolve_schedule(now=NOW, **args)  # type: ignore[arg-type]
+        parse_schedule(now=NOW, **args)  # type: ignore[arg-type]
     assert err.value.field == field

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Body, Query, Response
 from pydantic import AwareDatetime
 from sqlalchemy.engine import RowMapping
 
+from app.api.checks import ensure_payload_fits
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
-from app.api.routes.jobs import ensure_payload_fits
 from app.api.schemas import (
     BulkReplayResult,
     DeadLetterBulkReplay,
@@ -27,7 +27,7 @@ from app.api.schemas import (
     page_of,
 )
 from app.domain.job import NewJob
-from app.domain.schedule import OnceSchedule
+from app.domain.job_plan import plan_one_off
 from app.store import dead_letters as store
 from app.store.job_rows import policy_from_row
 from app.store.jobs import db_now, job_create, job_create_many
@@ -129,15 +129,14 @@ async def replay_dead_letter(
 
 def _replay_job(tenant_id: uuid.UUID, row: RowMapping, payload: Any, target_id: uuid.UUID, due: dt.datetime) -> NewJob:
     """A fresh one-off job with the dead letter's name, priority and retry policy."""
-    return NewJob(
+    return plan_one_off(
         tenant_id=tenant_id,
         target_id=target_id,
         name=row["job_name"],
         payload=payload,
         priority=row["priority"],
-        schedule=OnceSchedule(due),
-        first_fire_at=due,
         policy=policy_from_row(row),
+        due=due,
     )
 
 

@@ -1,0 +1,307 @@
+"""Planning a job from a request, pure: what a create makes, what a change (PATCH) resets,
+and the one-off jobs that carry a trigger or a dead letter's replay. `now` is passed in.
+
+The request arrives as JobFields (the API's JobCreate and JobUpdate fit it). A field that
+is not sent keeps its current value (or the default); errors name the field, as
+ScheduleError (schedule and recurrence fields) or PlanError (the others).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from app.domain.job import NewJob
+from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence, first_fire_time
+from app.domain.retry import RetryPolicy
+from app.domain.schedule import (
+    MAX_END_AT_AHEAD,
+    CronSchedule,
+    IntervalSchedule,
+    OnceSchedule,
+    Schedule,
+    ScheduleError,
+    checked_instant,
+    first_fire,
+    parse_schedule,
+)
+from app.domain.states import JobState
+
+SCHEDULE_FIELDS = frozenset({"run_at", "delay_s", "cron", "timezone", "every_s"})
+POLICY_FIELDS = frozenset({"max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor"})
+BOUND_FIELDS = frozenset({"start_at", "end_at", "max_runs"})
+# In the order errors name them.
+RECURRENCE_FIELDS = (
+    "interval_mode",
+    "misfire_policy",
+    "misfire_grace_s",
+    "catch_up_limit",
+    "overlap_policy",
+    "start_at",
+    "end_at",
+    "max_runs",
+)
+
+
+class PlanError(ValueError):
+    """A request field the plan cannot accept; `message` is said of `field`."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class JobFields(Protocol):
+    """The schedule, retry and recurrence fields of a request, and which were sent."""
+
+    @property
+    def model_fields_set(self) -> set[str]: ...
+    @property
+    def max_attempts(self) -> int | None: ...
+    @property
+    def backoff_base_s(self) -> float | None: ...
+    @property
+    def backoff_max_s(self) -> float | None: ...
+    @property
+    def backoff_factor(self) -> float | None: ...
+    @property
+    def run_at(self) -> dt.datetime | None: ...
+    @property
+    def delay_s(self) -> float | None: ...
+    @property
+    def cron(self) -> str | None: ...
+    @property
+    def timezone(self) -> str | None: ...
+    @property
+    def every_s(self) -> int | None: ...
+    @property
+    def interval_mode(self) -> IntervalMode | None: ...
+    @property
+    def misfire_policy(self) -> MisfirePolicy | None: ...
+    @property
+    def misfire_grace_s(self) -> float | None: ...
+    @property
+    def catch_up_limit(self) -> int | None: ...
+    @property
+    def overlap_policy(self) -> OverlapPolicy | None: ...
+    @property
+    def start_at(self) -> dt.datetime | None: ...
+    @property
+    def end_at(self) -> dt.datetime | None: ...
+    @property
+    def max_runs(self) -> int | None: ...
+
+
+class NewJobFields(JobFields, Protocol):
+    """A create request: the job's own fields as well."""
+
+    @property
+    def target_id(self) -> uuid.UUID: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def payload(self) -> Any: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def dedup_key(self) -> str | None: ...
+
+
+def plan_create(fields: NewJobFields, tenant_id: uuid.UUID, defaults: RetryPolicy, now: dt.datetime) -> NewJob:
+    """The job a create request makes; `defaults` is the retry policy of a job that sets none."""
+    policy = retry_policy(fields, defaults)
+    schedule = _parse(fields, fields.cron, fields.timezone, now)
+    recurrence, anchor_at, first_fire_at = plan_recurrence(fields, schedule, now)
+    return NewJob(
+        tenant_id=tenant_id,
+        target_id=fields.target_id,
+        name=fields.name,
+        payload=fields.payload,
+        priority=fields.priority,
+        schedule=schedule,
+        first_fire_at=first_fire_at,
+        policy=policy,
+        dedup_key=fields.dedup_key,
+        recurrence=recurrence,
+        anchor_at=anchor_at,
+    )
+
+
+def plan_one_off(
+    *,
+    tenant_id: uuid.UUID,
+    target_id: uuid.UUID,
+    name: str | None,
+    payload: Any,
+    priority: int,
+    policy: RetryPolicy,
+    due: dt.datetime,
+    parent_job_id: uuid.UUID | None = None,
+) -> NewJob:
+    """A one-off job due at `due` with fresh attempts: a trigger's extra occurrence (naming
+    its recurring parent) or a dead letter's replay."""
+    return NewJob(
+        tenant_id=tenant_id,
+        target_id=target_id,
+        name=name,
+        payload=payload,
+        priority=priority,
+        schedule=OnceSchedule(due),
+        first_fire_at=due,
+        policy=policy,
+        parent_job_id=parent_job_id,
+    )
+
+
+def retry_policy(fields: JobFields, base: RetryPolicy) -> RetryPolicy:
+    """The request's retry fields over `base` (the defaults, or the job's current policy)."""
+    policy = RetryPolicy(
+        max_attempts=fields.max_attempts or base.max_attempts,
+        backoff_base_s=fields.backoff_base_s or base.backoff_base_s,
+        backoff_max_s=fields.backoff_max_s or base.backoff_max_s,
+        backoff_factor=fields.backoff_factor or base.backoff_factor,
+    )
+    if policy.backoff_max_s < policy.backoff_base_s:
+        # Name the field the client sent: a base above the (default or current) cap, or a cap below the base.
+        if "backoff_max_s" in fields.model_fields_set:
+            raise PlanError("backoff_max_s", "must be at least backoff_base_s")
+        raise PlanError("backoff_base_s", f"must be at most backoff_max_s ({policy.backoff_max_s:g} s)")
+    return policy
+
+
+def plan_recurrence(
+    fields: JobFields, schedule: Schedule, now: dt.datetime, current: Recurrence | None = None
+) -> tuple[Recurrence | None, dt.datetime, dt.datetime]:
+    """A schedule's (recurrence, anchor, first fire time): for a recurring job its policies
+    and bounds (the request's, over `current`'s), for a one-off None and its instant."""
+    given = [f for f in RECURRENCE_FIELDS if f in fields.model_fields_set and getattr(fields, f) is not None]
+    if isinstance(schedule, OnceSchedule):
+        if given:
+            raise ScheduleError(given[0], "applies only to a recurring job (cron or every_s)")
+        at = first_fire(schedule, now)
+        return None, at, at
+    if fields.interval_mode is not None and not isinstance(schedule, IntervalSchedule):
+        raise ScheduleError("interval_mode", "applies only to an every_s schedule")
+    base = current or Recurrence(schedule, anchor=now)  # the default policies
+    sent = fields.model_fields_set
+    # A bound sent as null is removed (PATCH); one not sent stays as it was.
+    start_at = fields.start_at if "start_at" in sent else base.bounds.start_at
+    end_at = fields.end_at if "end_at" in sent else base.bounds.end_at
+    bounds = Bounds(
+        None if start_at is None else checked_instant("start_at", start_at, now),
+        None if end_at is None else checked_instant("end_at", end_at, now, MAX_END_AT_AHEAD),
+        fields.max_runs if "max_runs" in sent else base.bounds.max_runs,
+    )
+    first = first_fire_time(schedule, bounds, now)
+    if first is None:
+        raise ScheduleError("end_at", "the schedule never fires before end_at")
+    anchor, first_at = first
+    recurrence = Recurrence(
+        schedule=schedule,
+        anchor=anchor,
+        interval_mode=fields.interval_mode or base.interval_mode,
+        misfire_policy=fields.misfire_policy or base.misfire_policy,
+        misfire_grace_s=fields.misfire_grace_s if fields.misfire_grace_s is not None else base.misfire_grace_s,
+        catch_up_limit=fields.catch_up_limit or base.catch_up_limit,
+        overlap_policy=fields.overlap_policy or base.overlap_policy,
+        bounds=bounds,
+    )
+    return recurrence, anchor, first_at
+
+
+@dataclass(frozen=True)
+class Rescheduled:
+    """A new schedule or new bounds: a new occurrence, with no attempts made and a new webhook-id."""
+
+    schedule: Schedule
+    recurrence: Recurrence | None
+    anchor_at: dt.datetime
+    first_fire_at: dt.datetime
+    # The job waits for first_fire_at in this state; None: it stays paused.
+    state: JobState | None
+
+
+@dataclass(frozen=True)
+class JobChanges:
+    """What a PATCH changes of a waiting job's schedule and policies (its plain fields aside)."""
+
+    policy: RetryPolicy | None = None
+    # New misfire, overlap or interval policies; the schedule and its occurrence stand.
+    recurrence: Recurrence | None = None
+    rescheduled: Rescheduled | None = None
+
+
+def plan_update(
+    fields: JobFields,
+    *,
+    state: JobState,
+    attempts_made: int,
+    policy: RetryPolicy,
+    schedule: Schedule,
+    recurrence: Callable[[], Recurrence | None],
+    now: dt.datetime,
+) -> JobChanges:
+    """The changes a PATCH makes to a waiting job (scheduled, retrying or paused).
+
+    `recurrence` gives the job's current recurrence; it is read only when the change touches
+    the schedule, so a job paused because its recurrence columns could not be loaded can
+    still have its other fields changed.
+    """
+    sent = fields.model_fields_set
+    new_occurrence = bool(sent & (SCHEDULE_FIELDS | BOUND_FIELDS))
+    new_policy = None
+    if sent & POLICY_FIELDS:
+        new_policy = _changed_policy(fields, policy, 0 if new_occurrence else attempts_made)
+    if not sent & (SCHEDULE_FIELDS | set(RECURRENCE_FIELDS)):
+        return JobChanges(policy=new_policy)
+    if sent & SCHEDULE_FIELDS:
+        schedule = _replaced_schedule(fields, schedule, now)
+    new_recurrence, anchor_at, first_fire_at = plan_recurrence(fields, schedule, now, recurrence())
+    if not new_occurrence:
+        # Misfire and overlap policies apply from the next claim; the schedule stands.
+        return JobChanges(policy=new_policy, recurrence=new_recurrence)
+    waiting = None if state == JobState.PAUSED else JobState.SCHEDULED
+    return JobChanges(
+        policy=new_policy,
+        rescheduled=Rescheduled(schedule, new_recurrence, anchor_at, first_fire_at, waiting),
+    )
+
+
+def _changed_policy(fields: JobFields, current: RetryPolicy, attempts_made: int) -> RetryPolicy:
+    policy = retry_policy(fields, current)
+    # A waiting job with attempts made has a retry pending, which will be one more attempt.
+    if attempts_made and policy.max_attempts <= attempts_made:
+        raise PlanError(
+            "max_attempts",
+            f"must be more than the {attempts_made} attempts already made: a retry is pending "
+            "(cancel the job to stop it)",
+        )
+    return policy
+
+
+def _replaced_schedule(fields: JobFields, current: Schedule, now: dt.datetime) -> Schedule:
+    """The schedule a PATCH sends; a cron job keeps its zone for a new expression and its
+    expression for a new zone."""
+    sent = fields.model_fields_set
+    cron, timezone = fields.cron, fields.timezone
+    schedule_sent = sorted(sent & SCHEDULE_FIELDS)
+    if all(getattr(fields, field) is None for field in schedule_sent):
+        raise ScheduleError(schedule_sent[0], "a job's schedule can be replaced, not removed")
+    if schedule_sent == ["timezone"] and not isinstance(current, CronSchedule):
+        raise ScheduleError("timezone", "applies only to a cron schedule")
+    if isinstance(current, CronSchedule):
+        if cron is None and timezone is not None:
+            cron = current.expression  # a new time zone for the same expression
+        if cron is not None and "timezone" not in sent:
+            timezone = current.timezone  # a new expression in the job's own time zone
+    return _parse(fields, cron, timezone, now)
+
+
+def _parse(fields: JobFields, cron: str | None, timezone: str | None, now: dt.datetime) -> Schedule:
+    return parse_schedule(
+        run_at=fields.run_at, delay_s=fields.delay_s, cron=cron, timezone=timezone, every_s=fields.every_s, now=now
+    )
