@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
 from app.api.idempotency import request_hash
-from app.api.schemas import JobCreate
+from app.api.schemas.jobs import JobCreate
 from app.db.engine import create_engine
 from app.settings import Settings
 from app.store.idempotency import idempotency_key_claim, idempotency_key_purge_expired

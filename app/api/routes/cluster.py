@@ -7,7 +7,7 @@ import datetime as dt
 from fastapi import APIRouter
 
 from app.api.deps import Admin, Conn
-from app.api.schemas import ClusterPartition, ClusterReplica, ClusterStatus
+from app.api.schemas.operations import ClusterPartition, ClusterReplica, ClusterStatus
 from app.store.partitions import cluster_view
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"])

@@ -13,19 +13,16 @@ from sqlalchemy.engine import RowMapping
 from app.api.checks import ensure_payload_fits
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
-from app.api.schemas import (
+from app.api.schemas.dead_letters import (
     BulkReplayResult,
     DeadLetterBulkReplay,
     DeadLetterDetail,
     DeadLetterPublic,
     DeadLetterReplay,
-    JobPublic,
-    Page,
     ReplayedJob,
-    RunPublic,
-    job_public,
-    page_of,
 )
+from app.api.schemas.jobs import JobPublic, RunPublic, job_public
+from app.api.schemas.pages import Page, page_of
 from app.domain.job import NewJob
 from app.domain.job_plan import plan_one_off
 from app.store import dead_letters as store

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.deps import get_engine
-from app.api.schemas import Health, Readiness
+from app.api.schemas.operations import Health, Readiness
 from app.db.migrate import head_revision, revision_of
 from app.logs import log_event
 from app.services.loop import is_transient_db_error

@@ -11,7 +11,7 @@ from sqlalchemy.engine import RowMapping
 from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job, require_live_target
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
-from app.api.schemas import JobPublic, JobUpdate, job_public
+from app.api.schemas.jobs import JobPublic, JobUpdate, job_public
 from app.domain.job_plan import plan_one_off, plan_update
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
 from app.store import jobs as store

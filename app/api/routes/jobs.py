@@ -11,7 +11,8 @@ from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job, req
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
-from app.api.schemas import JobCreate, JobPublic, Page, RunPublic, job_public, page_of
+from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public
+from app.api.schemas.pages import Page, page_of
 from app.domain.job_plan import plan_create
 from app.domain.states import JobState
 from app.store import jobs as store

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
 
 from app.api.deps import Conn, TenantId
+from app.api.schemas.schedules import FireTime, SchedulePreview
 from app.domain.cron import MAX_UPCOMING, load_zone, parse_cron, upcoming
 from app.store.jobs import db_now
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
-
-
-class FireTime(BaseModel):
-    at: dt.datetime = Field(description="Local time in the schedule's zone, with its UTC offset")
-    utc: dt.datetime
-    utc_offset: str = Field(description="e.g. +02:00")
-
-
-class SchedulePreview(BaseModel):
-    cron: str = Field(description="The expression, normalised (aliases expanded)")
-    timezone: str
-    fire_times: list[FireTime]
 
 
 @router.get("/preview", operation_id="previewSchedule")

@@ -10,14 +10,13 @@ from fastapi import APIRouter, Query, Response
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
-from app.api.schemas import (
-    Page,
+from app.api.schemas.pages import Page, page_of
+from app.api.schemas.targets import (
     TargetCreate,
     TargetPublic,
     TargetSecret,
     TargetUpdate,
     TargetWithSecret,
-    page_of,
     target_public,
 )
 from app.settings import Settings

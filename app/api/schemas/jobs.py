@@ -1,0 +1,177 @@
+"""Jobs and their runs: create, update (PATCH) and public models."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, Field, JsonValue, WithJsonSchema
+
+from app.api.schemas.inputs import PlainText, RequestModel, check_json_payload
+from app.domain.job import RunOutcome
+from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
+from app.domain.states import JobState
+
+MAX_DELAY_S = 10 * 365 * 86400
+
+
+class JobCreate(RequestModel):
+    target_id: uuid.UUID
+    payload: Annotated[JsonValue, AfterValidator(check_json_payload)] = Field(
+        default=None, description="Any JSON; sent as the webhook body"
+    )
+    name: Annotated[PlainText | None, Field(max_length=200)] = None
+    priority: Annotated[int, Field(strict=True, ge=0, le=9)] = 0
+    max_attempts: Annotated[int | None, Field(strict=True, ge=1, le=100)] = None
+    backoff_base_s: Annotated[float | None, Field(strict=True, gt=0, le=86400)] = None
+    backoff_max_s: Annotated[float | None, Field(strict=True, gt=0, le=7 * 86400)] = None
+    backoff_factor: Annotated[float | None, Field(strict=True, ge=1, le=10)] = None
+    run_at: AwareDatetime | None = Field(default=None, description="RFC 3339 timestamp with offset")
+    delay_s: Annotated[float | None, Field(strict=True, gt=0, le=MAX_DELAY_S)] = None
+    cron: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = None
+    timezone: Annotated[PlainText | None, Field(min_length=1, max_length=64)] = Field(
+        default=None, description="IANA time zone for `cron` (default UTC)"
+    )
+    every_s: Annotated[int | None, Field(strict=True, ge=1, le=366 * 86400)] = None
+    dedup_key: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = Field(
+        default=None,
+        description="Unique among this tenant's unfinished jobs: a second create with it is a 409 naming the job",
+    )
+    # Recurring jobs only (cron or every_s); defaults in README.
+    interval_mode: IntervalMode | None = Field(
+        default=None, description="every_s only: fixed_rate (default, anchored) or fixed_delay (after each run)"
+    )
+    misfire_policy: MisfirePolicy | None = Field(
+        default=None, description="Late by more than misfire_grace_s: skip, fire_once (default) or catch_up"
+    )
+    misfire_grace_s: Annotated[float | None, Field(strict=True, ge=0, le=86_400)] = Field(
+        default=None, description="A fire time at most this late still counts as on time (default 60)"
+    )
+    catch_up_limit: Annotated[int | None, Field(strict=True, ge=1, le=1000)] = Field(
+        default=None, description="catch_up delivers at most this many missed occurrences of a backlog (default 10)"
+    )
+    overlap_policy: OverlapPolicy | None = Field(
+        default=None,
+        description="Fire times that come due while an occurrence is in flight: forbid (default: skipped) or allow "
+        "(each fires on time; its delivery is carried by a one-off child job, see parent_job_id)",
+    )
+    start_at: AwareDatetime | None = Field(default=None, description="No fire time before this")
+    end_at: AwareDatetime | None = Field(default=None, description="No fire time after this; then the job ends")
+    max_runs: Annotated[int | None, Field(strict=True, ge=1, le=10**9)] = Field(
+        default=None, description="End the job after this many delivered occurrences"
+    )
+
+
+class JobUpdate(JobCreate):
+    """PATCH /v1/jobs/{id}: only the fields sent change. A new schedule (one of run_at,
+    delay_s, cron [+ timezone], every_s) replaces the old one and recomputes the next fire time."""
+
+    target_id: uuid.UUID | None = None  # type: ignore[assignment]
+
+
+class JobPublic(BaseModel):
+    id: uuid.UUID
+    name: str | None
+    target_id: uuid.UUID
+    state: JobState
+    payload: JsonValue
+    priority: int
+    schedule_kind: Literal["once", "cron", "interval"]
+    cron: str | None
+    timezone: str | None
+    every_s: int | None
+    dedup_key: str | None
+    interval_mode: IntervalMode | None = Field(description="every_s jobs only")
+    misfire_policy: MisfirePolicy | None = Field(description="Recurring jobs only")
+    misfire_grace_s: float | None
+    catch_up_limit: int | None
+    overlap_policy: OverlapPolicy | None
+    start_at: dt.datetime | None
+    end_at: dt.datetime | None
+    max_runs: int | None
+    runs: int = Field(description="Occurrences delivered (succeeded or dead-lettered)")
+    ended_reason: str | None = Field(description="Why a recurring job ended: max_runs, end_at or schedule")
+    parent_job_id: uuid.UUID | None = Field(
+        description="Set on a one-off job that carries an occurrence of a recurring job: a trigger, or an "
+        "occurrence handed off under overlap_policy allow"
+    )
+    next_run_at: dt.datetime | None = Field(description="When the job next becomes due (fire time or retry)")
+    scheduled_for: dt.datetime = Field(description="Nominal fire time of the current occurrence")
+    attempt: int
+    max_attempts: int
+    backoff_base_s: float
+    backoff_max_s: float
+    backoff_factor: float
+    last_status_code: int | None
+    last_error: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+class RunPublic(BaseModel):
+    id: int
+    job_id: uuid.UUID = Field(
+        description="The job that made the attempt: this job, or a child carrying one of its occurrences "
+        "(a trigger, or any occurrence under overlap_policy allow)"
+    )
+    scheduled_for: dt.datetime
+    attempt: int
+    started_at: dt.datetime | None
+    finished_at: dt.datetime
+    status_code: int | None
+    duration_ms: int | None
+    # Inline in the OpenAPI document (no component of its own), as the values were first published.
+    outcome: Annotated[
+        str,
+        AfterValidator(RunOutcome),
+        WithJsonSchema({"type": "string", "enum": [o.value for o in RunOutcome], "title": "Outcome"}),
+    ] = Field(
+        description="An attempt's result; `missed` (given up by the misfire policy) and `skipped_overlap` (came due "
+        "while the previous occurrence was in flight) are fire times never delivered (attempt 0)"
+    )
+    error: str | None
+
+
+def recurring(row: Any, column: str) -> Any:
+    return None if row["schedule_kind"] == "once" else row[column]
+
+
+def job_public(row: Any) -> JobPublic:
+    return JobPublic(
+        id=row["id"],
+        name=row["name"],
+        target_id=row["target_id"],
+        state=row["state"],
+        payload=row["payload"],
+        priority=row["priority"],
+        schedule_kind=row["schedule_kind"],
+        cron=row["cron"],
+        timezone=row["timezone"] if row["schedule_kind"] == "cron" else None,
+        every_s=row["every_s"],
+        dedup_key=row["dedup_key"],
+        interval_mode=row["interval_mode"] if row["schedule_kind"] == "interval" else None,
+        misfire_policy=recurring(row, "misfire_policy"),
+        misfire_grace_s=recurring(row, "misfire_grace_s"),
+        catch_up_limit=recurring(row, "catch_up_limit"),
+        overlap_policy=recurring(row, "overlap_policy"),
+        start_at=row["start_at"],
+        end_at=row["end_at"],
+        max_runs=row["max_runs"],
+        runs=row["occurrences_run"],
+        ended_reason=row["ended_reason"],
+        parent_job_id=row["parent_job_id"],
+        next_run_at=row["run_at"],
+        scheduled_for=row["scheduled_for"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        backoff_base_s=row["backoff_base_s"],
+        backoff_max_s=row["backoff_max_s"],
+        backoff_factor=row["backoff_factor"],
+        last_status_code=row["last_status_code"],
+        last_error=row["last_error"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+    )

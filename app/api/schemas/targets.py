@@ -1,0 +1,186 @@
+"""Targets: create, update and public models, and what a target's URL and headers may be."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, Field, StrictInt, field_validator
+
+from app.api.schemas.inputs import PlainText, RequestModel
+from app.settings import TARGET_TIMEOUT_CEILING_S
+
+# Headers cronhook sets itself, or that would break the request if a target overrode them.
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "user-agent",
+        "te",
+        "upgrade",
+    }
+)
+RESERVED_HEADER_PREFIXES = ("webhook-", "cronhook-")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+MAX_HEADERS = 32
+MAX_URL_LENGTH = 2048
+
+
+def _check_url(value: str) -> str:
+    if len(value) > MAX_URL_LENGTH:
+        raise ValueError(f"must be at most {MAX_URL_LENGTH} characters")
+    if not value.isascii() or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("must be an ASCII URL without spaces or control characters (percent-encode them)")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must be an http:// or https:// URL")
+    if not parts.hostname:
+        raise ValueError("must include a host")
+    if parts.username or parts.password:
+        # Credentials in the URL would be echoed by every read; use `headers` instead.
+        raise ValueError("must not contain credentials; put them in `headers`")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise ValueError("has an invalid port") from exc
+    return value
+
+
+def _check_headers(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if len(value) > MAX_HEADERS:
+        raise ValueError(f"at most {MAX_HEADERS} headers")
+    seen: set[str] = set()
+    for name, header_value in value.items():
+        lower = name.lower()
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"{name!r} is not a valid header name")
+        if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIXES):
+            raise ValueError(f"{name!r} is set by cronhook and cannot be overridden")
+        if lower in seen:
+            raise ValueError(f"{name!r} is given twice")
+        seen.add(lower)
+        # Visible ASCII, space and tab only: anything else cannot be sent on every client.
+        if len(header_value) > 4096 or any(not (c == "\t" or " " <= c <= "~") for c in header_value):
+            raise ValueError(f"the value of {name!r} must be visible ASCII (at most 4096 characters)")
+    return value
+
+
+def _check_statuses(value: list[int] | None) -> list[int] | None:
+    if value is None:
+        return None
+    if len(value) > 100 or any(not 300 <= status <= 599 for status in value):
+        raise ValueError("must list at most 100 statuses, each from 300 to 599")
+    return sorted(set(value))
+
+
+MaxInFlight = Annotated[
+    int | None,
+    Field(
+        strict=True,
+        ge=1,
+        le=10_000,
+        description="Deliveries to this target in flight at once, across all replicas; null = unlimited",
+    ),
+]
+RatePerS = Annotated[
+    float | None,
+    Field(
+        strict=True,
+        # One delivery every 1,000 s at the slowest; smaller rates underflow the bucket's math.
+        ge=0.001,
+        le=10_000,
+        description="Deliveries started per second across all replicas (token bucket, bursts of up to one "
+        "second's worth); null = unlimited",
+    ),
+]
+
+RetryStatuses = Annotated[
+    list[StrictInt] | None,
+    AfterValidator(_check_statuses),
+    Field(
+        description="Statuses to retry instead of the default (5xx, 408, 425, 429, 3xx); others dead-letter",
+    ),
+]
+
+
+class TargetCreate(RequestModel):
+    name: Annotated[PlainText, Field(min_length=1, max_length=200)]
+    url: Annotated[str, Field(description="http(s) URL the webhooks are POSTed to")]
+    headers: dict[str, str] | None = Field(
+        default=None, description="Extra request headers (e.g. Authorization); values are never returned"
+    )
+    timeout_s: Annotated[float | None, Field(strict=True, gt=0, le=TARGET_TIMEOUT_CEILING_S)] = Field(
+        default=None, description="Total deadline of one delivery; default CRONHOOK_DEFAULT_TARGET_TIMEOUT_S"
+    )
+    retry_on_status: RetryStatuses = None
+    max_in_flight: MaxInFlight = None
+    rate_per_s: RatePerS = None
+
+    _url = field_validator("url")(_check_url)
+    _headers = field_validator("headers")(_check_headers)
+
+
+class TargetUpdate(RequestModel):
+    name: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+    timeout_s: Annotated[float | None, Field(strict=True, gt=0, le=TARGET_TIMEOUT_CEILING_S)] = None
+    retry_on_status: RetryStatuses = None
+    max_in_flight: MaxInFlight = None
+    rate_per_s: RatePerS = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value)
+
+    _headers = field_validator("headers")(_check_headers)
+
+
+class TargetPublic(BaseModel):
+    id: uuid.UUID
+    name: str
+    url: str
+    headers: dict[str, str] = Field(description="Header names; values are redacted")
+    timeout_s: float
+    retry_on_status: list[int] | None
+    max_in_flight: int | None
+    rate_per_s: float | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class TargetWithSecret(TargetPublic):
+    secret: str = Field(description="Signing secret (whsec_...); shown only on create and rotate")
+
+
+class TargetSecret(BaseModel):
+    id: uuid.UUID
+    secret: str
+
+
+REDACTED = "<redacted>"
+
+
+def target_public(row: Any) -> TargetPublic:
+    headers = dict.fromkeys(row["headers"] or {}, REDACTED)
+    return TargetPublic(
+        id=row["id"],
+        name=row["name"],
+        url=row["url"],
+        headers=headers,
+        timeout_s=row["timeout_s"],
+        retry_on_status=row["retry_on_status"],
+        max_in_flight=row["max_in_flight"],
+        rate_per_s=row["rate_per_s"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
