@@ -17,9 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.app import create_app
 from app.logs import configure_logging, log_event
 from app.runtime import Runtime
-from app.services.loop import run_forever
-from app.services.reaper import Reaper, ReaperConfig
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.startup import start_services
 from app.settings import Settings
 from app.store.tenants import api_key_create, tenant_ensure
 
@@ -86,12 +84,11 @@ def _cmd_api(settings: Settings, args: argparse.Namespace) -> None:
 
 def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
+        services = start_services(engine, settings, stop, reaper=False)
         log_event(logger, "scheduler_started", replica_id=settings.replica_id)
         try:
-            await scheduler.run_forever(stop)
+            await services.stopped()
         finally:
-            await scheduler.close(grace_s=settings.max_target_timeout_s)
             log_event(logger, "scheduler_stopped", replica_id=settings.replica_id)
 
     _run_role(settings, body)
@@ -99,9 +96,9 @@ def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
 
 def _cmd_reaper(settings: Settings, args: argparse.Namespace) -> None:
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        reaper = Reaper(engine, ReaperConfig.from_settings(settings))
+        services = start_services(engine, settings, stop, scheduler=False)
         log_event(logger, "reaper_started")
-        await run_forever(reaper, stop, logging.getLogger("app.services.reaper"))
+        await services.stopped()
 
     _run_role(settings, body)
 

@@ -11,9 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine
+from app.db.errors import is_transient_db_error
 from app.db.migrate import migrate_to_head
 from app.logs import log_event
-from app.services.loop import is_transient_db_error
 from app.settings import Settings
 from app.store.tenants import api_key_ensure, tenant_ensure
 

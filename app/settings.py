@@ -1,4 +1,10 @@
-"""Service settings, read once from `CRONHOOK_*` environment variables and handed down."""
+"""Service settings, read once from `CRONHOOK_*` environment variables and handed down.
+
+The one home of every setting's default: the service configs (SchedulerConfig,
+ReaperConfig) copy values from here with `from_settings`, and take the same defaults
+(`default_of`) when a test or bench builds one by hand. The rules that tie settings
+together are functions here, so the configs check them the same way.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import os
 import secrets
 import socket
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +23,21 @@ from app.domain.retry import RetryPolicy
 TARGET_TIMEOUT_CEILING_S = 300.0
 # A partition lease must survive this many renew intervals.
 MIN_RENEWALS_PER_PARTITION_LEASE = 3
+
+
+def lease_outlasts_http_deadline(lease_s: float, max_target_timeout_s: float, lease_margin_s: float) -> bool:
+    """A job lease must outlive the longest POST plus the time to record its outcome."""
+    return lease_s > max_target_timeout_s + lease_margin_s
+
+
+def partition_lease_survives_renewals(lease_s: float, renew_s: float) -> bool:
+    """One slow or failed renewal must not cost a replica its partitions."""
+    return lease_s >= MIN_RENEWALS_PER_PARTITION_LEASE * renew_s
+
+
+def default_of(name: str) -> Any:
+    """The default of setting `name`, for a config built without Settings (tests, bench)."""
+    return Settings.model_fields[name].get_default(call_default_factory=True)
 
 
 def default_replica_id() -> str:
@@ -87,14 +109,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _lease_outlasts_http_deadline(self) -> Settings:
-        minimum = self.max_target_timeout_s + self.lease_margin_s
-        if self.lease_s <= minimum:
+        if not lease_outlasts_http_deadline(self.lease_s, self.max_target_timeout_s, self.lease_margin_s):
             raise ValueError(
                 f"CRONHOOK_LEASE_S={self.lease_s:g} must be greater than CRONHOOK_MAX_TARGET_TIMEOUT_S "
                 f"({self.max_target_timeout_s:g}) plus CRONHOOK_LEASE_MARGIN_S ({self.lease_margin_s:g}), "
                 "so that a delivery in flight never outlives its lease"
             )
-        if self.partition_lease_s < MIN_RENEWALS_PER_PARTITION_LEASE * self.partition_renew_s:
+        if not partition_lease_survives_renewals(self.partition_lease_s, self.partition_renew_s):
             raise ValueError(
                 f"CRONHOOK_PARTITION_LEASE_S={self.partition_lease_s:g} must be at least "
                 f"{MIN_RENEWALS_PER_PARTITION_LEASE} x CRONHOOK_PARTITION_RENEW_S ({self.partition_renew_s:g}), "

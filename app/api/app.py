@@ -16,9 +16,7 @@ from app import __version__
 from app.api.errors import CatchAll, install_error_handlers, problem_response
 from app.api.routes import cluster, dead_letters, health, job_control, jobs, schedules, targets
 from app.runtime import Runtime
-from app.services.loop import run_forever
-from app.services.reaper import Reaper, ReaperConfig
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.startup import start_services
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -39,23 +37,15 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None, run_servic
         runtime = Runtime(settings)
         app.state.engine = await runtime.start()
         stop = asyncio.Event()
-        tasks: list[asyncio.Task[None]] = []
-        scheduler: Scheduler | None = None
-        if run_services:
-            scheduler = Scheduler(app.state.engine, SchedulerConfig.from_settings(settings))
-            reaper = Reaper(app.state.engine, ReaperConfig.from_settings(settings))
-            tasks = [
-                asyncio.create_task(scheduler.run_forever(stop)),
-                asyncio.create_task(run_forever(reaper, stop, logging.getLogger("app.services.reaper"))),
-            ]
+        services = start_services(app.state.engine, settings, stop, scheduler=run_services, reaper=run_services)
         try:
             yield
         finally:
             stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if scheduler is not None:
-                await scheduler.close(grace_s=settings.max_target_timeout_s)
-            await runtime.stop()
+            try:
+                await services.stopped()
+            finally:
+                await runtime.stop()
 
     app = FastAPI(
         title="cronhook",

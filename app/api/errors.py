@@ -12,10 +12,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.db.errors import is_transient_db_error
 from app.domain.job_plan import PlanError
 from app.domain.schedule import ScheduleError
 from app.logs import log_event
-from app.services.loop import is_transient_db_error
 from app.store.pagination import InvalidCursor
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.partition import PARTITION_COUNT, fair_share
 from app.logs import log_event
-from app.settings import MIN_RENEWALS_PER_PARTITION_LEASE
+from app.settings import MIN_RENEWALS_PER_PARTITION_LEASE, partition_lease_survives_renewals
 from app.store.partitions import (
     Held,
     partition_acquire,
@@ -47,7 +47,7 @@ class PartitionOwnership:
         lease_s: float,
         renew_s: float,
     ) -> None:
-        if lease_s < MIN_RENEWALS_PER_PARTITION_LEASE * renew_s:
+        if not partition_lease_survives_renewals(lease_s, renew_s):
             raise ValueError(f"partition lease_s must be at least {MIN_RENEWALS_PER_PARTITION_LEASE} x renew_s")
         self._engine = engine
         self.replica_id = replica_id

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.logs import log_event
-from app.settings import Settings
+from app.settings import Settings, default_of
 from app.store.claims import job_lock_expired_leases
 from app.store.idempotency import idempotency_key_purge_expired
 from app.store.outcomes import job_finish_attempts
@@ -28,8 +28,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ReaperConfig:
-    interval_s: float = 5.0
-    batch_size: int = 500
+    interval_s: float = default_of("reaper_interval_s")
+    batch_size: int = default_of("reaper_batch_size")
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.batch_size < 1:

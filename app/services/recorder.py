@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.errors import is_transient_db_error
 from app.domain.job import FinishedAttempt
 from app.logs import log_event
-from app.services.loop import is_transient_db_error
 from app.store.outcomes import job_finish_attempts
 
 logger = logging.getLogger(__name__)

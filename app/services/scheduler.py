@@ -18,15 +18,16 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.errors import is_transient_db_error
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
 from app.logs import log_event
 from app.services.dispatcher import Dispatcher
-from app.services.loop import is_transient_db_error, run_forever
+from app.services.loop import run_forever
 from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
-from app.settings import Settings
+from app.settings import Settings, default_of, lease_outlasts_http_deadline
 from app.store.claims import job_claim_due, job_hand_off_occurrence, job_release_claim, job_settle_due_plan
 
 logger = logging.getLogger(__name__)
@@ -35,18 +36,18 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SchedulerConfig:
     replica_id: str
-    batch_size: int = 100
-    concurrency: int = 200
-    poll_interval_s: float = 0.2
-    lease_s: float = 60.0
-    max_target_timeout_s: float = 30.0
-    lease_margin_s: float = 5.0
-    partition_lease_s: float = 15.0
-    partition_renew_s: float = 3.0
-    priority_aging_s: float = 60.0
+    batch_size: int = default_of("batch_size")
+    concurrency: int = default_of("concurrency")
+    poll_interval_s: float = default_of("poll_interval_s")
+    lease_s: float = default_of("lease_s")
+    max_target_timeout_s: float = default_of("max_target_timeout_s")
+    lease_margin_s: float = default_of("lease_margin_s")
+    partition_lease_s: float = default_of("partition_lease_s")
+    partition_renew_s: float = default_of("partition_renew_s")
+    priority_aging_s: float = default_of("priority_aging_s")
 
     def __post_init__(self) -> None:
-        if self.lease_s <= self.max_target_timeout_s + self.lease_margin_s:
+        if not lease_outlasts_http_deadline(self.lease_s, self.max_target_timeout_s, self.lease_margin_s):
             raise ValueError("lease_s must exceed max_target_timeout_s + lease_margin_s")
         if self.batch_size < 1 or self.concurrency < 1 or self.poll_interval_s <= 0:
             raise ValueError("batch_size, concurrency and poll_interval_s must be positive")

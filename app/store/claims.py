@@ -35,10 +35,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.domain.job import ClaimedJob, RunOutcome
 from app.domain.occurrences import EndReason, Skipped
 from app.domain.partition import partition_for
-from app.domain.priority import DEFAULT_PRIORITY_AGING_S, MAX_PRIORITY, MIN_PRIORITY
+from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.schedule import OnceSchedule
 from app.domain.states import CLAIMABLE_STATES, JobState
 from app.logs import log_event
+from app.settings import default_of
 from app.store.job_rows import CLAIMED_JOB_COLUMNS, NO_LEASE, claimed_from_row, schedule_columns
 from app.store.outcomes import MISSED_REASON, skipped_run_values
 from app.store.runs import run_insert_many
@@ -61,7 +62,7 @@ async def job_claim_due(
     limit: int,
     lease_s: float,
     held: dict[int, int] | None = None,
-    aging_s: float = DEFAULT_PRIORITY_AGING_S,
+    aging_s: float = default_of("priority_aging_s"),
 ) -> list[ClaimedJob]:
     """Leases up to `limit` due jobs to `owner`, highest effective priority first (priority
     plus one level per `aging_s` waited), then oldest due first.

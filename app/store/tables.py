@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from app.domain.job import RunOutcome
 from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
 from app.domain.partition import PARTITION_COUNT
+from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.states import JobState
 
 metadata = MetaData(
@@ -183,7 +184,7 @@ jobs = Table(
     CheckConstraint(_one_of("overlap_policy", OverlapPolicy), name="overlap_policy_valid"),
     CheckConstraint("misfire_grace_s >= 0 AND catch_up_limit >= 1", name="misfire_bounds"),
     CheckConstraint("max_runs IS NULL OR max_runs >= 1", name="max_runs_positive"),
-    CheckConstraint("priority BETWEEN 0 AND 9", name="priority_range"),
+    CheckConstraint(f"priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY}", name="priority_range"),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint("backoff_factor >= 1", name="backoff_factor_at_least_one"),
     CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt_within_max"),

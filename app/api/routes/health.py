@@ -10,9 +10,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.deps import get_engine
 from app.api.schemas.operations import Health, Readiness
+from app.db.errors import is_transient_db_error
 from app.db.migrate import head_revision, revision_of
 from app.logs import log_event
-from app.services.loop import is_transient_db_error
 
 router = APIRouter(tags=["health"])
 logger = logging.getLogger(__name__)

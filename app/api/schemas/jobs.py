@@ -11,6 +11,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, Field, JsonValue,
 from app.api.schemas.inputs import PlainText, RequestModel, check_json_payload
 from app.domain.job import RunOutcome
 from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
+from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.states import JobState
 
 MAX_DELAY_S = 10 * 365 * 86400
@@ -22,7 +23,7 @@ class JobCreate(RequestModel):
         default=None, description="Any JSON; sent as the webhook body"
     )
     name: Annotated[PlainText | None, Field(max_length=200)] = None
-    priority: Annotated[int, Field(strict=True, ge=0, le=9)] = 0
+    priority: Annotated[int, Field(strict=True, ge=MIN_PRIORITY, le=MAX_PRIORITY)] = MIN_PRIORITY
     max_attempts: Annotated[int | None, Field(strict=True, ge=1, le=100)] = None
     backoff_base_s: Annotated[float | None, Field(strict=True, gt=0, le=86400)] = None
     backoff_max_s: Annotated[float | None, Field(strict=True, gt=0, le=7 * 86400)] = None

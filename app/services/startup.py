@@ -1,0 +1,47 @@
+"""Starting and stopping a process's background services, one way for every caller: the
+`scheduler` and `reaper` roles (app/cli.py) and `cronhook up` (the API's lifespan)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.services.loop import run_forever
+from app.services.reaper import Reaper, ReaperConfig
+from app.services.scheduler import Scheduler, SchedulerConfig
+from app.settings import Settings
+
+
+class Services:
+    """Background services running until `stop` is set."""
+
+    def __init__(self, tasks: list[asyncio.Task[None]], scheduler: Scheduler | None, grace_s: float) -> None:
+        self._tasks = tasks
+        self._scheduler = scheduler
+        self._grace_s = grace_s
+
+    async def stopped(self) -> None:
+        """Waits until every service has stopped (once `stop` is set); then the scheduler lets
+        deliveries in flight finish (up to the HTTP deadline) and hands its partitions back."""
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._scheduler is not None:
+            await self._scheduler.close(grace_s=self._grace_s)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+
+def start_services(
+    engine: AsyncEngine, settings: Settings, stop: asyncio.Event, *, scheduler: bool = True, reaper: bool = True
+) -> Services:
+    tasks: list[asyncio.Task[None]] = []
+    running_scheduler = None
+    if scheduler:
+        running_scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
+        tasks.append(asyncio.create_task(running_scheduler.run_forever(stop)))
+    if reaper:
+        service = Reaper(engine, ReaperConfig.from_settings(settings))
+        tasks.append(asyncio.create_task(run_forever(service, stop, logging.getLogger("app.services.reaper"))))
+    return Services(tasks, running_scheduler, grace_s=settings.max_target_timeout_s)
