@@ -167,9 +167,6 @@ def install_error_handlers(app: FastAPI) -> None:
         return problem_response(request, exc.status_code, str(exc.detail), headers=headers)
 
 
-RETRY_SOON = {"Retry-After": "1"}
-
-
 class CatchAll:
     """Turns an unexpected exception into a problem response without re-raising it.
 

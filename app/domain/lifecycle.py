@@ -10,7 +10,8 @@ import datetime as dt
 import random
 from dataclasses import dataclass
 
-from app.domain.occurrences import NO_SKIPS, EndReason, Recurrence, Skipped, next_after_run
+from app.domain.fire_times import NO_SKIPS, Skipped
+from app.domain.occurrences import EndReason, Recurrence, next_after_run
 from app.domain.retry import RetryPolicy, attempts_exhausted, backoff_delay
 from app.domain.states import JobState
 

@@ -1,8 +1,8 @@
 """The job state machine: one enum and the table of allowed transitions.
 
-Every UPDATE that changes a job's state names the state it expects in its WHERE clause
-(app/store/jobs.py, claims.py, outcomes.py); this table is the reference those statements follow and the
-tests check against.
+Every UPDATE that changes a job's state names the states it expects in its WHERE clause
+(app/store/jobs.py, claims.py, outcomes.py). This table is the reference those statements
+follow: tests/unit/test_state_changes.py checks each of them against it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ class JobState(enum.StrEnum):
     # Leased by one scheduler with a delivery in flight. The scheduler that holds the lease
     # records the outcome; the reaper rescues it when the lease expires.
     RUNNING = "running"
-    # The last attempt failed; waiting for its backoff. The scheduler claims it again.
+    # The last attempt failed; waiting for its backoff. The scheduler claims it again; a PATCH
+    # of its schedule starts a new occurrence instead (-> scheduled).
     RETRYING = "retrying"
     # Stopped by the user (pause) until resumed; nothing is claimed meanwhile.
     PAUSED = "paused"
@@ -45,7 +46,14 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
             JobState.PAUSED,  # quarantined: the claim could not load the row (last_error says why)
         }
     ),
-    JobState.RETRYING: frozenset({JobState.RUNNING, JobState.PAUSED, JobState.CANCELLED}),
+    JobState.RETRYING: frozenset(
+        {
+            JobState.RUNNING,
+            JobState.PAUSED,
+            JobState.CANCELLED,
+            JobState.SCHEDULED,  # PATCH of the schedule or bounds: a new occurrence, no attempts made
+        }
+    ),
     # Resume: misfired fire times are settled by the misfire policy when the job is claimed.
     JobState.PAUSED: frozenset({JobState.SCHEDULED, JobState.RETRYING, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
@@ -63,7 +71,3 @@ PAUSABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING)
 # States a user may change a job in (PATCH): it is waiting. A running job finishes its
 # occurrence first (409 meanwhile).
 CHANGEABLE_STATES: tuple[JobState, ...] = (JobState.SCHEDULED, JobState.RETRYING, JobState.PAUSED)
-
-
-def can_transition(current: JobState, new: JobState) -> bool:
-    return new in TRANSITIONS[current]

@@ -203,14 +203,7 @@ class Scheduler:
         )
         applied = await self._recorder.record(FinishedAttempt(job, result, step), claimed_mono + self.config.lease_s)
         if not applied:
-            log_event(
-                logger,
-                "lease_fenced",
-                logging.WARNING,
-                job_id=str(job.id),
-                attempt=job.attempt,
-                outcome=result.outcome,
-            )
+            _log_lease_fenced(job, result.outcome)
             return
         if step.schedule_ended:
             log_event(logger, "schedule_ended", job_id=str(job.id), state=step.state.value, reason=step.ended_reason)
@@ -242,7 +235,7 @@ class Scheduler:
         async with self._engine.begin() as conn:
             child = await job_hand_off_occurrence(conn, job, next_at, ended)
         if child is None:
-            log_event(logger, "lease_fenced", logging.WARNING, job_id=str(job.id), attempt=job.attempt, outcome=None)
+            _log_lease_fenced(job, None)
         elif ended is not None:
             log_event(logger, "schedule_ended", job_id=str(job.id), state="succeeded", reason=ended)
         return child
@@ -274,6 +267,11 @@ class Scheduler:
 def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:
     """Now on the database's clock: its time at the claim plus local monotonic time since."""
     return job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
+
+
+def _log_lease_fenced(job: ClaimedJob, outcome: str | None) -> None:
+    """The lease was lost meanwhile (reaped, or the job cancelled): nothing was applied."""
+    log_event(logger, "lease_fenced", logging.WARNING, job_id=str(job.id), attempt=job.attempt, outcome=outcome)
 
 
 def _log_outcome(job: ClaimedJob, result: AttemptOutcome, new_state: str, dead_letter: bool) -> None:

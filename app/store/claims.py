@@ -32,8 +32,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.fire_times import Skipped
 from app.domain.job import ClaimedJob, RunOutcome
-from app.domain.occurrences import EndReason, Skipped
+from app.domain.occurrences import EndReason
 from app.domain.partition import partition_for
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.schedule import OnceSchedule

@@ -14,8 +14,8 @@ from sqlalchemy import DateTime, Double, Integer, Text, case, cast, func, litera
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.fire_times import Skipped
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt, RunOutcome
-from app.domain.occurrences import Skipped
 from app.domain.states import JobState
 from app.store.dead_letters import dead_letter_insert_many
 from app.store.job_rows import NO_LEASE
@@ -117,12 +117,19 @@ async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt
     return applied_leases
 
 
-def run_values(job: ClaimedJob, result: AttemptOutcome) -> dict[str, Any]:
+def _occurrence_values(job: ClaimedJob) -> dict[str, Any]:
+    """What a run and a dead letter say of the occurrence they belong to."""
     return {
         "job_id": job.id,
         "tenant_id": job.tenant_id,
         "occurrence_id": job.occurrence_id,
         "scheduled_for": job.scheduled_for,
+    }
+
+
+def run_values(job: ClaimedJob, result: AttemptOutcome) -> dict[str, Any]:
+    return {
+        **_occurrence_values(job),
         "attempt": job.attempt,
         "replica_id": job.lease_owner,
         "started_at": result.started_at,
@@ -153,11 +160,8 @@ def skipped_run_values(job: ClaimedJob, skipped: Skipped, outcome: RunOutcome, r
 
 def dead_letter_values(job: ClaimedJob, result: AttemptOutcome) -> dict[str, Any]:
     return {
-        "tenant_id": job.tenant_id,
-        "job_id": job.id,
+        **_occurrence_values(job),
         "target_id": job.target_id,
-        "occurrence_id": job.occurrence_id,
-        "scheduled_for": job.scheduled_for,
         "payload": job.payload,
         "attempts": job.attempt,
         "last_status_code": result.status_code,

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.deps import get_engine
 from app.api.schemas.operations import Health, Readiness
 from app.db.errors import is_transient_db_error
-from app.db.migrate import head_revision, revision_of
+from app.db.migrate import schema_is_current
 from app.logs import log_event
 
 router = APIRouter(tags=["health"])
@@ -28,10 +28,8 @@ async def readyz(engine: AsyncEngine = Depends(get_engine)) -> Readiness | JSONR
     database = schema_current = False
     try:
         # One round trip answers both: reading the revision needs a working connection.
-        async with engine.connect() as conn:
-            revision = await conn.run_sync(revision_of)
+        schema_current = await schema_is_current(engine)
         database = True
-        schema_current = revision == head_revision()
     except Exception as exc:
         if not is_transient_db_error(exc):
             raise

@@ -33,22 +33,26 @@ def _conflict(row: RowMapping, action: str) -> Problem:
     return Problem(409, detail, slug=slug, extra={"state": state.value})
 
 
+async def _changed_or_conflict(
+    conn: Conn, tenant_id: uuid.UUID, job_id: uuid.UUID, changed: RowMapping | None, action: str
+) -> JobPublic:
+    """The changed job, or why it could not be changed (404, or 409 naming its state)."""
+    if changed is None:
+        raise _conflict(await existing_job(conn, tenant_id, job_id), action)
+    return job_public(changed)
+
+
 @router.post("/{job_id}/pause", operation_id="pauseJob")
 async def pause_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPublic:
     """Stops a scheduled or retrying job from firing until resumed (409 while running or finished)."""
-    row = await store.job_pause(conn, tenant_id, job_id)
-    if row is None:
-        raise _conflict(await existing_job(conn, tenant_id, job_id), "pause")
-    return job_public(row)
+    return await _changed_or_conflict(conn, tenant_id, job_id, await store.job_pause(conn, tenant_id, job_id), "pause")
 
 
 @router.post("/{job_id}/resume", operation_id="resumeJob")
 async def resume_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPublic:
     """Makes a paused job due again; fire times missed while paused follow its misfire policy."""
-    row = await store.job_resume(conn, tenant_id, job_id)
-    if row is None:
-        raise _conflict(await existing_job(conn, tenant_id, job_id), "resume")
-    return job_public(row)
+    changed = await store.job_resume(conn, tenant_id, job_id)
+    return await _changed_or_conflict(conn, tenant_id, job_id, changed, "resume")
 
 
 @router.post("/{job_id}/trigger", status_code=201, operation_id="triggerJob")

@@ -1,0 +1,95 @@
+"""Every statement in app/store that changes a job's state, checked against the transition
+table (app/domain/states.py), so the table is the reference the store follows, not decoration.
+
+STATE_CHANGES lists, per function holding a job UPDATE (or calling a helper that holds it),
+the states its WHERE clause accepts and the states it may leave the job in, using the same
+state constants the store uses. The walk over app/store's source fails when an UPDATE of
+jobs appears that the table does not cover.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import app.store
+from app.domain.states import (
+    CANCELLABLE_STATES,
+    CHANGEABLE_STATES,
+    CLAIMABLE_STATES,
+    PAUSABLE_STATES,
+    TRANSITIONS,
+    JobState,
+)
+
+S = JobState
+RUNNING = (S.RUNNING,)  # the lease guard of every write on behalf of a claim
+
+# (module, function): (states expected, states it may leave the job in). A state that is
+# also expected means "left as it was", which is not a transition.
+STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState, ...]]] = {
+    ("jobs", "job_cancel"): (CANCELLABLE_STATES, (S.CANCELLED,)),
+    ("jobs", "job_pause"): (PAUSABLE_STATES, (S.PAUSED,)),
+    ("jobs", "job_resume"): ((S.PAUSED,), (S.SCHEDULED, S.RETRYING)),
+    # PATCH: a new schedule or new bounds make a waiting job scheduled (a paused one stays paused).
+    ("jobs", "job_update"): (CHANGEABLE_STATES, (S.SCHEDULED,)),
+    ("claims", "job_claim_due"): (CLAIMABLE_STATES, (S.RUNNING,)),
+    ("claims", "_job_quarantine"): (RUNNING, (S.PAUSED,)),
+    ("claims", "job_release_claim"): (RUNNING, (S.SCHEDULED, S.RETRYING)),
+    # The parent moves on; its child is inserted running (it carries the claim on).
+    ("claims", "job_hand_off_occurrence"): (RUNNING, (S.SCHEDULED, S.SUCCEEDED)),
+    ("claims", "job_settle_due_plan"): (RUNNING, (S.RUNNING, S.SCHEDULED, S.SUCCEEDED)),
+    # Every state app/domain/lifecycle.py's after_attempt can choose.
+    ("outcomes", "job_finish_attempts"): (RUNNING, (S.SUCCEEDED, S.SCHEDULED, S.RETRYING, S.DEAD)),
+}
+
+
+@pytest.mark.parametrize(("where", "change"), STATE_CHANGES.items(), ids=[f"{m}.{f}" for m, f in STATE_CHANGES])
+def test_every_state_change_in_the_store_is_an_allowed_transition(
+    where: tuple[str, str], change: tuple[tuple[JobState, ...], tuple[JobState, ...]]
+) -> None:
+    expected, results = change
+    for before in expected:
+        for after in results:
+            if after != before:
+                assert after in TRANSITIONS[before], f"{where}: {before} -> {after} is not in TRANSITIONS"
+
+
+def _job_updates() -> tuple[set[tuple[str, str]], dict[tuple[str, str], set[tuple[str, str]]]]:
+    """The store's functions that hold an UPDATE of jobs, and who calls each function."""
+    updating: set[tuple[str, str]] = set()
+    callers: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for path in sorted(Path(app.store.__file__).parent.glob("*.py")):
+        module = path.stem
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+                func = call.func
+                is_update = (isinstance(func, ast.Name) and func.id == "update") or (
+                    isinstance(func, ast.Attribute) and func.attr == "update"
+                )
+                if is_update and any(isinstance(arg, ast.Name) and arg.id == "jobs" for arg in call.args):
+                    updating.add((module, node.name))
+                if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "jobs":
+                    if func.attr == "update":
+                        updating.add((module, node.name))
+                if isinstance(func, ast.Name):
+                    callers.setdefault((module, func.id), set()).add((module, node.name))
+    return updating, callers
+
+
+def test_the_table_covers_every_update_of_jobs_in_the_store() -> None:
+    updating, callers = _job_updates()
+    assert updating, "the walk found no UPDATE of jobs: it no longer reads the store"
+    for function in updating:
+        if function in STATE_CHANGES:
+            continue
+        # A shared helper: each function calling it must be in the table instead.
+        users = callers.get(function, set())
+        assert users, f"{function} updates jobs and is neither in STATE_CHANGES nor called by a function that is"
+        missing = users - set(STATE_CHANGES)
+        assert not missing, f"{sorted(missing)} change job state through {function}; add them to STATE_CHANGES"
+    assert set(STATE_CHANGES) <= updating | {c for f in updating for c in callers.get(f, set())}
