@@ -44,6 +44,8 @@ from app.domain.schedule import TICK, CronSchedule, IntervalSchedule, ScheduleEr
 # Skipped and its limits are fire_times' own, named here too as part of this module's results.
 __all__ = [
     "CRON_COUNT_BUDGET",
+    "DEFAULT_CATCH_UP_LIMIT",
+    "DEFAULT_MISFIRE_GRACE_S",
     "MAX_CATCH_UP_LIMIT",
     "MAX_RECORDED_SKIPS",
     "NO_SKIPS",
@@ -66,6 +68,9 @@ UTC = dt.UTC
 # Catching up finds the catch_up_limit-th latest fire time with batches of that size,
 # which croniter enumeration (app.domain.cron.upcoming) caps.
 MAX_CATCH_UP_LIMIT: Final = MAX_UPCOMING
+# A recurring job's policies when it sets none (the API documents them from here).
+DEFAULT_MISFIRE_GRACE_S: Final = 60.0
+DEFAULT_CATCH_UP_LIMIT: Final = 10
 
 # "schedule": a cron expression with no fire time left (see _ends_when_no_fire_time_left).
 EndReason = Literal["max_runs", "end_at", "schedule"]
@@ -106,8 +111,10 @@ class Recurrence:
     anchor: dt.datetime  # fixed-rate intervals count from here
     interval_mode: IntervalMode = IntervalMode.FIXED_RATE
     misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE
-    misfire_grace_s: float = 60.0  # a fire time at most this late still counts as on time
-    catch_up_limit: int = 10  # catch_up delivers at most this many missed occurrences of one backlog
+    # A fire time at most this late still counts as on time.
+    misfire_grace_s: float = DEFAULT_MISFIRE_GRACE_S
+    # catch_up delivers at most this many missed occurrences of one backlog.
+    catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT
     overlap_policy: OverlapPolicy = OverlapPolicy.FORBID
     bounds: Bounds = Bounds()
 

@@ -10,7 +10,14 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, Field, JsonValue,
 
 from app.api.schemas.inputs import PlainText, RequestModel, check_json_payload
 from app.domain.job import RunOutcome
-from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
+from app.domain.occurrences import (
+    DEFAULT_CATCH_UP_LIMIT,
+    DEFAULT_MISFIRE_GRACE_S,
+    MAX_CATCH_UP_LIMIT,
+    IntervalMode,
+    MisfirePolicy,
+    OverlapPolicy,
+)
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.states import JobState
 
@@ -47,10 +54,13 @@ class JobCreate(RequestModel):
         default=None, description="Late by more than misfire_grace_s: skip, fire_once (default) or catch_up"
     )
     misfire_grace_s: Annotated[float | None, Field(strict=True, ge=0, le=86_400)] = Field(
-        default=None, description="A fire time at most this late still counts as on time (default 60)"
+        default=None,
+        description=f"A fire time at most this late still counts as on time (default {DEFAULT_MISFIRE_GRACE_S:g})",
     )
-    catch_up_limit: Annotated[int | None, Field(strict=True, ge=1, le=1000)] = Field(
-        default=None, description="catch_up delivers at most this many missed occurrences of a backlog (default 10)"
+    catch_up_limit: Annotated[int | None, Field(strict=True, ge=1, le=MAX_CATCH_UP_LIMIT)] = Field(
+        default=None,
+        description="catch_up delivers at most this many missed occurrences of a backlog "
+        f"(default {DEFAULT_CATCH_UP_LIMIT})",
     )
     overlap_policy: OverlapPolicy | None = Field(
         default=None,
