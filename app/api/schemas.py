@@ -126,6 +126,9 @@ def _check_headers(value: dict[str, str] | None) -> dict[str, str] | None:
         lower = name.lower()
         if not _HEADER_NAME.match(name):
             raise ValueError(f"{name!r} is not a valid header name")
+        if lower == "expect":
+            # `Expect: 100-continue` would make every delivery wait out its timeout.
+            raise ValueError("'Expect' is not allowed on webhook requests")
         if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIXES):
             raise ValueError(f"{name!r} is set by cronhook and cannot be overridden")
         if lower in seen:

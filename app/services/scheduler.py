@@ -14,10 +14,11 @@ import datetime as dt
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.egress import EgressPolicy
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import NO_SKIPS, DuePlan, next_after_run, plan_due
 from app.domain.schedule import ScheduleError
@@ -52,6 +53,8 @@ class SchedulerConfig:
     partition_lease_s: float = 15.0
     partition_renew_s: float = 3.0
     priority_aging_s: float = 60.0
+    # Default: deliver to globally routable addresses only.
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
     def __post_init__(self) -> None:
         if self.lease_s <= self.max_target_timeout_s + self.lease_margin_s:
@@ -77,6 +80,7 @@ class SchedulerConfig:
             partition_lease_s=settings.partition_lease_s,
             partition_renew_s=settings.partition_renew_s,
             priority_aging_s=settings.priority_aging_s,
+            egress=settings.egress_policy,
         )
 
 
@@ -87,7 +91,7 @@ class Scheduler:
         self._engine = engine
         self.config = config
         self._rng = rng or random.Random()
-        self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s)
+        self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s, config.egress)
         self._recorder = OutcomeRecorder(engine)
         self.ownership = PartitionOwnership(
             engine, config.replica_id, config.partition_lease_s, config.partition_renew_s
