@@ -180,7 +180,13 @@ RetryStatuses = Annotated[
 
 class TargetCreate(RequestModel):
     name: Annotated[PlainText, Field(min_length=1, max_length=200)]
-    url: Annotated[str, Field(description="http(s) URL the webhooks are POSTed to")]
+    url: Annotated[
+        str,
+        Field(
+            description="http(s) URL the webhooks are POSTed to. Loopback, private, link-local and other internal "
+            "addresses are refused (422) unless the operator allows them in CRONHOOK_EGRESS_ALLOW"
+        ),
+    ]
     headers: dict[str, str] | None = Field(
         default=None, description="Extra request headers (e.g. Authorization); values are never returned"
     )
