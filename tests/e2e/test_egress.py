@@ -197,3 +197,17 @@ async def test_cronhook_up_refuses_internal_targets_by_default_and_warns_when_al
         e for e in map(json.loads, procs.log("scheduler").splitlines()) if e["event"] == "egress_internal_allowed"
     ]
     assert (warning["level"], warning["allowed"]) == ("warning", "127.0.0.0/8")
+
+
+async def test_proxy_settings_in_the_environment_are_ignored(
+    engine: AsyncEngine, sentinel: Receiver, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A proxy would make the checked connection the proxy's, and let it reach anything.
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{sentinel.port}")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    _, job_id = await job_to(engine, f"http://localhost:{receiver.port}/direct")
+    await deliver_all(scheduler_with(engine, "localhost"), engine, [job_id], "succeeded")
+    assert [r.path for r in receiver.requests] == ["/direct"]
+    assert sentinel.requests == []
