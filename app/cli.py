@@ -68,7 +68,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warn_if_egress_opened(settings: Settings) -> None:
+    """Deliveries (scheduler) and target URLs (API) may reach internal addresses: say so loudly."""
+    policy = settings.egress_policy
+    if not policy.is_default:
+        log_event(
+            logger,
+            "egress_internal_allowed",
+            logging.WARNING,
+            allowed=policy.describe(),
+            detail="webhook targets may reach these internal addresses and hosts (CRONHOOK_EGRESS_ALLOW)",
+        )
+
+
 def _serve(settings: Settings, run_services: bool) -> None:
+    _warn_if_egress_opened(settings)
     app = create_app(settings, run_services=run_services)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")
     uvicorn.Server(config).run()
@@ -83,6 +97,8 @@ def _cmd_api(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
+    _warn_if_egress_opened(settings)
+
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
         services = start_services(engine, settings, stop, reaper=False)
         log_event(logger, "scheduler_started", replica_id=settings.replica_id)

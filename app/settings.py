@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.domain.egress import EgressPolicy, parse_egress_allow
 from app.domain.retry import RetryPolicy
 
 # The largest per-target HTTP deadline any deployment may configure.
@@ -95,6 +97,10 @@ class Settings(BaseSettings):
     default_backoff_factor: float = Field(default=2.0, ge=1, le=10)
     default_target_timeout_s: float = Field(default=10.0, gt=0, le=TARGET_TIMEOUT_CEILING_S)
 
+    # Internal destinations deliveries may reach anyway (comma-separated CIDRs and host
+    # names); empty: only globally routable addresses (app/domain/egress.py).
+    egress_allow: str = ""
+
     log_level: str = "INFO"
 
     @property
@@ -106,6 +112,16 @@ class Settings(BaseSettings):
             self.default_backoff_max_s,
             self.default_backoff_factor,
         )
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _egress_allow_parses(cls, value: str) -> str:
+        parse_egress_allow(value)
+        return value
+
+    @cached_property
+    def egress_policy(self) -> EgressPolicy:
+        return parse_egress_allow(self.egress_allow)
 
     @model_validator(mode="after")
     def _lease_outlasts_http_deadline(self) -> Settings:

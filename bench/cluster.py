@@ -78,6 +78,8 @@ ROLE_ENV = {
     # This benchmark migrates before starting them.
     "CRONHOOK_AUTO_MIGRATE": "false",
     "CRONHOOK_LOG_LEVEL": "WARNING",
+    # The receiver is on loopback, which the egress policy refuses by default.
+    "CRONHOOK_EGRESS_ALLOW": "127.0.0.0/8",
 }
 RETRY_POLICY = RetryPolicy(max_attempts=5, backoff_base_s=2.0, backoff_max_s=600.0)
 # Rows per job_create_many statement: its cost is Python-side (compiling the multi-row VALUES,

@@ -53,6 +53,7 @@ from sqlalchemy.pool import NullPool
 from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine, normalize_url
 from app.db.migrate import migrate_to_head
+from app.domain.egress import parse_egress_allow
 from app.domain.partition import partition_for
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import OnceSchedule
@@ -332,6 +333,8 @@ async def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                     lease_s=60.0,
                     max_target_timeout_s=TARGET_TIMEOUT_S,
                     lease_margin_s=5.0,
+                    # The receiver is on loopback, which the egress policy refuses by default.
+                    egress=parse_egress_allow("127.0.0.0/8"),
                 ),
             )
             for i, engine in enumerate(engines)

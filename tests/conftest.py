@@ -32,6 +32,9 @@ from app.settings import Settings
 from app.store.tenants import api_key_create, tenant_ensure
 from tests.receiver import Receiver
 
+# What tests that deliver to their own receivers must allow (CRONHOOK_EGRESS_ALLOW).
+LOOPBACK_ALLOWED = "127.0.0.0/8"
+
 
 def database_url(server_url: str, name: str) -> str:
     return normalize_url(server_url).set(database=name).render_as_string(hide_password=False)
@@ -111,6 +114,8 @@ def settings(db_url: str) -> Settings:
         lease_margin_s=1,
         default_target_timeout_s=3,
         replica_id="test-replica",
+        # Receivers listen on 127.0.0.1, which the egress policy refuses by default.
+        egress_allow=LOOPBACK_ALLOWED,
     )
 
 

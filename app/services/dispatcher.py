@@ -2,7 +2,9 @@
 
 aiohttp, because the HTTP client must not be the bottleneck (see bench/). Redirects are
 never followed (a 3xx is a failed attempt), every request has a total deadline, and at most
-64 KB of a response is read.
+64 KB of a response is read. The egress policy is enforced on the addresses actually connected
+to (app/services/egress_resolver.py); a refused delivery is not retried, and neither its error
+nor that of a failed connection says anything about the address or port.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import json
 import time
 
 import aiohttp
+from yarl import URL
 
+from app.domain.egress import EgressPolicy
 from app.domain.job import AttemptOutcome, ClaimedJob, RunOutcome
 from app.domain.retry import is_retryable_status, parse_retry_after
 from app.domain.signing import sign
+from app.services.egress_resolver import EGRESS_DENIED, EgressDenied, EgressResolver, literal_host_denied
 
 MAX_RESPONSE_BYTES = 64 * 1024
 # How much of a failing response's body is kept as the run's error.
@@ -33,7 +38,9 @@ def build_request(job: ClaimedJob, attempt_time: dt.datetime) -> tuple[bytes, di
     body = json.dumps(job.payload, separators=(",", ":")).encode()
     msg_id = webhook_id(job)
     timestamp = int(attempt_time.timestamp())
-    headers = dict(job.headers)
+    # `Expect` is refused on targets (every attempt would wait out its timeout); rows from
+    # before that rule are sent without it.
+    headers = {name: value for name, value in job.headers.items() if name.lower() != "expect"}
     headers.update(
         {
             "content-type": "application/json",
@@ -50,18 +57,30 @@ def build_request(job: ClaimedJob, attempt_time: dt.datetime) -> tuple[bytes, di
 
 
 class Dispatcher:
-    def __init__(self, concurrency: int, max_timeout_s: float) -> None:
+    def __init__(self, concurrency: int, max_timeout_s: float, egress: EgressPolicy | None = None) -> None:
         self._concurrency = concurrency
         self._max_timeout_s = max_timeout_s
+        self._egress = egress or EgressPolicy()
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._concurrency, limit_per_host=0, ttl_dns_cache=60)
+        resolver = EgressResolver(self._egress)
+        connector = aiohttp.TCPConnector(
+            limit=self._concurrency,
+            limit_per_host=0,
+            # Cached answers are the vetted ones: a rebinding DNS server gains nothing.
+            ttl_dns_cache=60,
+            resolver=resolver,
+            socket_factory=resolver.socket_factory,
+        )
         self._session = aiohttp.ClientSession(
             connector=connector,
             # Never send cookies one receiver set to another.
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
+            # No HTTP(S)_PROXY / NO_PROXY / .netrc from the environment: a proxy would make
+            # the connection the egress policy checks the proxy's, not the target's.
+            trust_env=False,
         )
 
     async def close(self) -> None:
@@ -75,6 +94,8 @@ class Dispatcher:
         body, headers = build_request(job, started_wall)
         timeout_s = min(job.timeout_s, self._max_timeout_s)
         started = time.monotonic()
+        if _literal_denied(self._egress, job.url):
+            return _denied(started, started_wall)
         try:
             async with self._session.post(
                 job.url,
@@ -88,10 +109,10 @@ class Dispatcher:
                 retry_after_header = response.headers.get("Retry-After")
         except TimeoutError:
             return _outcome(RunOutcome.TIMEOUT, None, f"no response within {timeout_s:g}s", started, started_wall)
-        except aiohttp.ClientError as exc:
-            return _outcome(RunOutcome.CONNECTION_ERROR, None, _describe(exc), started, started_wall)
-        except (OSError, ValueError) as exc:
-            # Bad URLs and low-level socket errors that aiohttp does not wrap.
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            # ValueError and bare OSError: bad URLs and socket errors that aiohttp does not wrap.
+            if _is_egress_denied(exc):
+                return _denied(started, started_wall)
             return _outcome(RunOutcome.CONNECTION_ERROR, None, _describe(exc), started, started_wall)
         if 200 <= status < 300:
             return _outcome(RunOutcome.SUCCESS, status, None, started, started_wall)
@@ -136,6 +157,49 @@ def _storable(text: str | None) -> str | None:
     return cleaned[:ERROR_EXCERPT_CHARS]
 
 
+def _literal_denied(policy: EgressPolicy, url: str) -> bool:
+    try:
+        host = URL(url).raw_host
+    except ValueError:
+        return False  # aiohttp refuses it too: a connection error
+    return host is not None and literal_host_denied(policy, host)
+
+
+def _denied(started: float, started_wall: dt.datetime) -> AttemptOutcome:
+    outcome = _outcome(RunOutcome.CONNECTION_ERROR, None, EGRESS_DENIED, started, started_wall)
+    # Retrying cannot help: the address stays refused until the operator allows it.
+    return dataclasses.replace(outcome, retryable=False)
+
+
+def _is_egress_denied(exc: BaseException | None) -> bool:
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, EgressDenied):
+            return True
+        os_error = getattr(exc, "os_error", None)
+        if isinstance(os_error, EgressDenied):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:ERROR_EXCERPT_CHARS]
+    """A coarse class only: addresses, ports and the C library's wording would let a tenant
+    tell closed, filtered and TLS ports apart (a port scanner)."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "connection failed: host name not resolved"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "connection failed: TLS certificate rejected"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "connection failed: TLS handshake failed"
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return "connection failed: the server closed the connection"
+    if isinstance(exc, aiohttp.InvalidURL | ValueError):
+        return "connection failed: invalid URL"
+    os_error = getattr(exc, "os_error", exc)
+    if isinstance(os_error, ConnectionRefusedError):
+        return "connection failed: refused"
+    if isinstance(os_error, ConnectionResetError):
+        return "connection failed: reset"
+    return "connection failed"

@@ -14,11 +14,12 @@ import datetime as dt
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.errors import is_transient_db_error
+from app.domain.egress import EgressPolicy
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
@@ -45,6 +46,8 @@ class SchedulerConfig:
     partition_lease_s: float = default_of("partition_lease_s")
     partition_renew_s: float = default_of("partition_renew_s")
     priority_aging_s: float = default_of("priority_aging_s")
+    # Default: deliver to globally routable addresses only.
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
     def __post_init__(self) -> None:
         if not lease_outlasts_http_deadline(self.lease_s, self.max_target_timeout_s, self.lease_margin_s):
@@ -70,6 +73,7 @@ class SchedulerConfig:
             partition_lease_s=settings.partition_lease_s,
             partition_renew_s=settings.partition_renew_s,
             priority_aging_s=settings.priority_aging_s,
+            egress=settings.egress_policy,
         )
 
 
@@ -80,7 +84,7 @@ class Scheduler:
         self._engine = engine
         self.config = config
         self._rng = rng or random.Random()
-        self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s)
+        self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s, config.egress)
         self._recorder = OutcomeRecorder(engine)
         self.ownership = PartitionOwnership(
             engine, config.replica_id, config.partition_lease_s, config.partition_renew_s

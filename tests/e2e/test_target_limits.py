@@ -9,8 +9,9 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.egress import parse_egress_allow
 from app.services.scheduler import Scheduler, SchedulerConfig
-from tests.conftest import make_job, make_target
+from tests.conftest import LOOPBACK_ALLOWED, make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
 
 
@@ -30,6 +31,7 @@ async def two_replicas(engine: AsyncEngine) -> AsyncIterator[list[Scheduler]]:
                 lease_margin_s=1,
                 partition_lease_s=1.5,
                 partition_renew_s=0.25,
+                egress=parse_egress_allow(LOOPBACK_ALLOWED),
             ),
         )
         for i in (1, 2)

@@ -19,6 +19,7 @@ from app.api.schemas.targets import (
     TargetWithSecret,
     target_public,
 )
+from app.services.egress_resolver import url_refusal
 from app.settings import Settings
 from app.store import targets as store
 from app.store.pagination import decode_time_id_cursor
@@ -26,6 +27,12 @@ from app.store.pagination import decode_time_id_cursor
 router = APIRouter(prefix="/v1/targets", tags=["targets"])
 
 NOT_FOUND = "target not found"
+
+
+async def _check_egress(settings: Settings, url: str | None) -> None:
+    """Refuse internal destinations now, with a clear 422; delivery checks again (DNS changes)."""
+    if url is not None and (refusal := await url_refusal(settings.egress_policy, url)) is not None:
+        raise Problem(422, refusal, slug="validation", field="url")
 
 
 def _check_timeout(settings: Settings, timeout_s: float | None) -> None:
@@ -54,6 +61,7 @@ async def create_target(
         current_secret = await store.target_get_signing_secret(conn, tenant_id, replayed.id)
         return TargetWithSecret(**replayed.model_dump(), secret=current_secret)
     _check_timeout(settings, body.timeout_s)
+    await _check_egress(settings, body.url)
     row, secret = await store.target_create(
         conn,
         tenant_id,
@@ -101,6 +109,7 @@ async def update_target(
     if "headers" in changes and changes["headers"] is None:
         changes["headers"] = {}
     _check_timeout(settings, changes.get("timeout_s"))
+    await _check_egress(settings, changes.get("url"))
     if not changes:
         row = await store.target_get(conn, tenant_id, target_id)
     else:

@@ -62,6 +62,9 @@ def _check_headers(value: dict[str, str] | None) -> dict[str, str] | None:
         lower = name.lower()
         if not _HEADER_NAME.match(name):
             raise ValueError(f"{name!r} is not a valid header name")
+        if lower == "expect":
+            # `Expect: 100-continue` would make every delivery wait out its timeout.
+            raise ValueError("'Expect' is not allowed on webhook requests")
         if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIXES):
             raise ValueError(f"{name!r} is set by cronhook and cannot be overridden")
         if lower in seen:
@@ -113,7 +116,13 @@ RetryStatuses = Annotated[
 
 class TargetCreate(RequestModel):
     name: Annotated[PlainText, Field(min_length=1, max_length=200)]
-    url: Annotated[str, Field(description="http(s) URL the webhooks are POSTed to")]
+    url: Annotated[
+        str,
+        Field(
+            description="http(s) URL the webhooks are POSTed to. Loopback, private, link-local and other internal "
+            "addresses are refused (422) unless the operator allows them in CRONHOOK_EGRESS_ALLOW"
+        ),
+    ]
     headers: dict[str, str] | None = Field(
         default=None, description="Extra request headers (e.g. Authorization); values are never returned"
     )
