@@ -1,16 +1,20 @@
 """Cron expressions: validation of untrusted input, and their fire instants in an IANA zone.
 
 Pure functions: no clock reads (`after` is always passed in) and no I/O beyond loading
-time-zone data. croniter only enumerates naive wall-clock times here; mapping them to
-instants, and what to do around DST changes, is this module's policy:
+time-zone data. app/domain/cron_fields.py matches the fields and enumerates naive wall-clock
+times; mapping them to instants, and what to do around DST changes, is this module's policy:
 
 Syntax
     Five fields (minute hour day-of-month month day-of-week), or six with a LEADING
     seconds field ("*/10 * * * * *" fires every 10 seconds). The aliases @yearly,
     @annually, @monthly, @weekly, @daily, @midnight and @hourly stand for their
-    five-field expressions. Month and weekday names, and croniter's L (last), W (nearest
-    weekday), # (nth weekday) and ? are accepted. Anything else (@reboot, a year field,
-    croniter's hashed 'H' and random 'R' values) is rejected with CronError(field="cron").
+    five-field expressions. Fields mean what Vixie cron means (a one-value range `9-9` is
+    that value; day-of-month and day-of-week combine by AND when either starts with `*`,
+    by OR when both are restricted); month and weekday names, wrap-around ranges (`22-2`),
+    `?` (alone, for `*` in a day field), and the extensions L, LW, nW (day-of-month) and
+    d#k, dL (day-of-week) are accepted as restrictions of their field: see cron_fields.py.
+    Anything else (@reboot, a year field, `L-3`, `1-5#2`, hashed 'H' and random 'R'
+    values) is rejected with CronError(field="cron").
 
 Evaluation is bounded
     An expression with no fire time within MAX_YEARS_BETWEEN_FIRES years after `after`
@@ -45,15 +49,11 @@ from dataclasses import dataclass
 from typing import Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, CroniterError, croniter
-from croniter.croniter import HOUR_FIELD
+from app.domain.cron_fields import MAX_YEARS_BETWEEN_FIRES, CronFields, FieldError, parse_fields
 
 UTC = dt.UTC
 
 MAX_EXPRESSION_LENGTH: Final = 200
-# Evaluating an untrusted expression must be bounded: croniter gives up after this many
-# years without a match.
-MAX_YEARS_BETWEEN_FIRES: Final = 5
 MAX_UPCOMING: Final = 1000
 
 ALIASES: Final[dict[str, str]] = {
@@ -69,9 +69,9 @@ ALIASES: Final[dict[str, str]] = {
 _FIVE_FIELDS: Final = ("minute", "hour", "day-of-month", "month", "day-of-week")
 _SIX_FIELDS: Final = ("second", *_FIVE_FIELDS)
 
-# Characters each field may hold once month and weekday names are removed. Everything
-# else croniter would accept is refused on purpose: 'H' needs a hash id we do not have,
-# and 'R' picks a different random value every time the expression is parsed.
+# Characters each field may hold once month and weekday names are removed. 'H' and 'R',
+# which croniter accepts, are refused on purpose: 'H' needs a hash id we do not have, and
+# 'R' picks a different random value every time the expression is parsed.
 _NUMERIC: Final = frozenset("0123456789*,-/")
 _ALLOWED_CHARS: Final[dict[str, frozenset[str]]] = {
     "second": _NUMERIC,
@@ -85,8 +85,8 @@ _NAMES: Final[dict[str, re.Pattern[str]]] = {
     "month": re.compile(r"JAN|FEB|MAR|APR|MAY|JUN|JUL|AUG|SEP|OCT|NOV|DEC"),
     "day-of-week": re.compile(r"SUN|MON|TUE|WED|THU|FRI|SAT"),
 }
-# Same field separator as croniter: ASCII whitespace only, so a no-break space cannot
-# split fields for us and glue them together for croniter.
+# Fields are separated by ASCII whitespace only (as croniter did): a no-break space is an
+# unexpected character, never a separator.
 _FIELD_RE: Final = re.compile(r"\S+", re.ASCII)
 
 
@@ -138,12 +138,20 @@ def parse_cron(expression: str) -> CronSpec:
 
     normalised = " ".join(fields)
     try:
-        expanded, _ = croniter.expand(normalised, second_at_beginning=has_seconds)
-    except CroniterError as exc:
-        raise CronError("cron", f"invalid cron expression {expression!r}: {_first_line(exc)}") from exc
-    # croniter turns a field that lists every value ("*/1", "0-23") into ["*"].
-    frequent = expanded[HOUR_FIELD] == ["*"]
+        parsed = _fields_of(normalised)
+    except FieldError as exc:
+        raise CronError("cron", f"invalid cron expression {expression!r}: {exc}") from exc
+    # However it is spelled ("*/1", "0-23", "0-11,12-23").
+    frequent = parsed.hours == _EVERY_HOUR
     return CronSpec(expression=normalised, has_seconds=has_seconds, frequent=frequent)
+
+
+_EVERY_HOUR: Final = tuple(range(24))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fields_of(normalised: str) -> CronFields:
+    return parse_fields(tuple(normalised.upper().split(" ")))
 
 
 def next_fire(spec: CronSpec, timezone: str, after: dt.datetime) -> dt.datetime:
@@ -213,12 +221,6 @@ def _check_field_chars(expression: str, name: str, value: str) -> None:
             raise CronError("cron", f"invalid cron expression {expression!r}: {name} field {value!r}: {reason}")
 
 
-def _first_line(exc: Exception) -> str:
-    # croniter wraps unexpected parse errors with a whole traceback as the message.
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
 @dataclass(frozen=True)
 class _Overlap:
     """A fall-back: wall times in [start_wall, end_wall) occur twice."""
@@ -269,7 +271,9 @@ def _candidate_instants(spec: CronSpec, zone: ZoneInfo, after: dt.datetime) -> I
         if pending is not None and wall >= pending.end_wall:
             yield from _second_pass(spec, zone, pending, pending.start_wall, inclusive=True)
             pending = None
-        if not _exists(zone, wall):
+        if (plain := _unique_instant(zone, wall)) is not None:
+            yield plain
+        elif not _exists(zone, wall):
             yield _gap_end(zone, wall)
         elif _is_ambiguous(zone, wall):
             if spec.frequent and pending is None:
@@ -294,24 +298,19 @@ def _second_pass(
 
 def _walls(spec: CronSpec, start: dt.datetime, *, inclusive: bool) -> Iterator[dt.datetime]:
     """Matching naive wall times after (or from) `start`, until none within the year bound."""
-    # croniter goes through float timestamps, which cannot hold every microsecond of a
-    # present-day date exactly; whole seconds round-trip, and cron times are whole seconds.
-    begin = start.replace(microsecond=0)
-    if inclusive and begin == start:
-        begin -= dt.timedelta(seconds=1)
-    walls = croniter(
-        spec.expression,
-        begin,
-        ret_type=dt.datetime,
-        max_years_between_matches=MAX_YEARS_BETWEEN_FIRES,
-        second_at_beginning=spec.has_seconds,
-    )
-    while True:
-        try:
-            wall = walls.get_next(dt.datetime)
-        except CroniterBadDateError:
-            return
-        yield wall
+    return _fields_of(spec.expression).walls(start, inclusive=inclusive)
+
+
+def _unique_instant(zone: ZoneInfo, wall: dt.datetime) -> dt.datetime | None:
+    """The one instant of `wall`, or None near a transition (in a gap or an overlap).
+
+    The hot path: away from transitions both folds give the same offset, and the instant is
+    one subtraction away.
+    """
+    offset = wall.replace(tzinfo=zone).utcoffset()
+    if offset is None or offset != wall.replace(tzinfo=zone, fold=1).utcoffset():
+        return None
+    return (wall - offset).replace(tzinfo=UTC)
 
 
 def _instant(zone: ZoneInfo, wall: dt.datetime, *, fold: int) -> dt.datetime:
@@ -325,8 +324,10 @@ def _exists(zone: ZoneInfo, wall: dt.datetime) -> bool:
 
 def _is_ambiguous(zone: ZoneInfo, wall: dt.datetime) -> bool:
     # Only meaningful for existing wall times: those in a gap also differ by fold.
-    return _exists(zone, wall) and (
-        wall.replace(tzinfo=zone, fold=0).utcoffset() != wall.replace(tzinfo=zone, fold=1).utcoffset()
+    return (
+        _unique_instant(zone, wall) is None
+        and _exists(zone, wall)
+        and (wall.replace(tzinfo=zone, fold=0).utcoffset() != wall.replace(tzinfo=zone, fold=1).utcoffset())
     )
 
 
