@@ -229,7 +229,7 @@ def _parse_item(name: str, value: str, item: str) -> set[int]:
         # Day-of-week 7 is Sunday, 0 (5-7 is Fri-Sun).
         numbers = range(start, end + 1, step)
         return {number % 7 for number in numbers} if name == "day-of-week" else set(numbers)
-    if start == 7:  # 7-2 is Sun-Tue
+    if name == "day-of-week" and start == 7:  # 7-2 is Sun-Tue
         return set(range(0, end + 1, step))
     # A wrap-around range: on through the end of the cycle, then from its start.
     size = cycle_end - low + 1
