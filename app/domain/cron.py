@@ -46,10 +46,11 @@ import re
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from app.domain.cron_fields import MAX_YEARS_BETWEEN_FIRES, CronFields, FieldError, parse_fields
+from app.domain.cron_fields import MAX_YEARS_BETWEEN_FIRES as MAX_YEARS_BETWEEN_FIRES
+from app.domain.cron_fields import CronFields, FieldError, parse_fields
 
 UTC = dt.UTC
 
@@ -141,12 +142,7 @@ def parse_cron(expression: str) -> CronSpec:
         parsed = _fields_of(normalised)
     except FieldError as exc:
         raise CronError("cron", f"invalid cron expression {expression!r}: {exc}") from exc
-    # However it is spelled ("*/1", "0-23", "0-11,12-23").
-    frequent = parsed.hours == _EVERY_HOUR
-    return CronSpec(expression=normalised, has_seconds=has_seconds, frequent=frequent)
-
-
-_EVERY_HOUR: Final = tuple(range(24))
+    return CronSpec(expression=normalised, has_seconds=has_seconds, frequent=parsed.frequent)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -169,21 +165,40 @@ def upcoming(spec: CronSpec, timezone: str, after: dt.datetime, count: int) -> l
         raise ValueError(f"count must be between 1 and {MAX_UPCOMING}, got {count}")
     if after.tzinfo is None or after.utcoffset() is None:
         raise ValueError("naive datetime; pass an aware datetime")
-    zone = load_zone(timezone)
+    fires = fire_times(_fields_of(spec.expression), load_zone(timezone), after, count)
+    if not fires:
+        raise CronError(
+            "cron",
+            f"cron expression {spec.expression!r} never fires (no fire time within {MAX_YEARS_BETWEEN_FIRES} years)",
+        )
+    return fires
+
+
+class WallMatcher(Protocol):
+    """Which naive wall times an expression matches (CronFields; the legacy evaluator of
+    app/domain/cron_migration.py)."""
+
+    @property
+    def frequent(self) -> bool:
+        """The hour field matches every hour of the day; decides the fall-back rule."""
+        ...
+
+    def walls(self, start: dt.datetime, *, inclusive: bool) -> Iterator[dt.datetime]:
+        """Matching wall times from (or after) `start`, increasing, until the year bound."""
+        ...
+
+
+def fire_times(matcher: WallMatcher, zone: ZoneInfo, after: dt.datetime, count: int) -> list[dt.datetime]:
+    """Up to `count` fire instants strictly after `after` (aware), by the DST policy above."""
     fires: list[dt.datetime] = []
     try:
-        for instant in _fire_instants(spec, zone, after.astimezone(UTC)):
+        for instant in _fire_instants(matcher, zone, after.astimezone(UTC)):
             fires.append(instant)
             if len(fires) == count:
                 break
     except OverflowError:
         # datetime ends with year 9999: what was found before that is all there is.
         pass
-    if not fires:
-        raise CronError(
-            "cron",
-            f"cron expression {spec.expression!r} never fires (no fire time within {MAX_YEARS_BETWEEN_FIRES} years)",
-        )
     return fires
 
 
@@ -229,17 +244,17 @@ class _Overlap:
     end_wall: dt.datetime
 
 
-def _fire_instants(spec: CronSpec, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
+def _fire_instants(matcher: WallMatcher, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
     """Every fire instant strictly after `after` (UTC), increasing, each instant once."""
     last = after
-    for instant in _candidate_instants(spec, zone, after):
+    for instant in _candidate_instants(matcher, zone, after):
         # Gap wall times collapse into one instant, which must fire once.
         if instant > last:
             last = instant
             yield instant
 
 
-def _candidate_instants(spec: CronSpec, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
+def _candidate_instants(matcher: WallMatcher, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
     """Fire instants in non-decreasing order, starting after `after`; may repeat an instant.
 
     Walls are enumerated in order, and the first occurrence of each maps to instants in the
@@ -255,50 +270,45 @@ def _candidate_instants(spec: CronSpec, zone: ZoneInfo, after: dt.datetime) -> I
         if local_after.fold == 0:
             # In the first pass: the rest of it comes first, then the whole second pass,
             # including wall times earlier than `wall_after`.
-            walls = _walls(spec, wall_after, inclusive=False)
-            if spec.frequent:
+            walls = matcher.walls(wall_after, inclusive=False)
+            if matcher.frequent:
                 pending = overlap
         else:
             # In the second pass: the first pass is over, so the rest of the second pass
             # comes first, then wall times from the end of the overlap.
-            if spec.frequent:
-                yield from _second_pass(spec, zone, overlap, wall_after, inclusive=False)
-            walls = _walls(spec, overlap.end_wall, inclusive=True)
+            if matcher.frequent:
+                yield from _second_pass(matcher, zone, overlap, wall_after, inclusive=False)
+            walls = matcher.walls(overlap.end_wall, inclusive=True)
     else:
-        walls = _walls(spec, wall_after, inclusive=False)
+        walls = matcher.walls(wall_after, inclusive=False)
 
     for wall in walls:
         if pending is not None and wall >= pending.end_wall:
-            yield from _second_pass(spec, zone, pending, pending.start_wall, inclusive=True)
+            yield from _second_pass(matcher, zone, pending, pending.start_wall, inclusive=True)
             pending = None
         if (plain := _unique_instant(zone, wall)) is not None:
             yield plain
         elif not _exists(zone, wall):
             yield _gap_end(zone, wall)
         elif _is_ambiguous(zone, wall):
-            if spec.frequent and pending is None:
+            if matcher.frequent and pending is None:
                 pending = _overlap_at(zone, wall)
             yield min(_instant(zone, wall, fold=0), _instant(zone, wall, fold=1))
         else:
             yield _instant(zone, wall, fold=0)
     # The expression stopped firing while an overlap was open.
     if pending is not None:
-        yield from _second_pass(spec, zone, pending, pending.start_wall, inclusive=True)
+        yield from _second_pass(matcher, zone, pending, pending.start_wall, inclusive=True)
 
 
 def _second_pass(
-    spec: CronSpec, zone: ZoneInfo, overlap: _Overlap, start: dt.datetime, *, inclusive: bool
+    matcher: WallMatcher, zone: ZoneInfo, overlap: _Overlap, start: dt.datetime, *, inclusive: bool
 ) -> Iterator[dt.datetime]:
     """Second occurrences (fold=1) of the matching wall times from `start` to the end of `overlap`."""
-    for wall in _walls(spec, start, inclusive=inclusive):
+    for wall in matcher.walls(start, inclusive=inclusive):
         if wall >= overlap.end_wall:
             return
         yield _instant(zone, wall, fold=1)
-
-
-def _walls(spec: CronSpec, start: dt.datetime, *, inclusive: bool) -> Iterator[dt.datetime]:
-    """Matching naive wall times after (or from) `start`, until none within the year bound."""
-    return _fields_of(spec.expression).walls(start, inclusive=inclusive)
 
 
 def _unique_instant(zone: ZoneInfo, wall: dt.datetime) -> dt.datetime | None:

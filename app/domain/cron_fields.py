@@ -95,6 +95,11 @@ class CronFields:
     # (year, month) -> the matching days of that month; filled on demand, bounded.
     _month_days: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict, repr=False)
 
+    @property
+    def frequent(self) -> bool:
+        """The hour field matches every hour, however spelled ("*/1", "0-23", "0-11,12-23")."""
+        return len(self.hours) == 24
+
     def month_days(self, year: int, month: int) -> tuple[int, ...]:
         key = (year, month)
         days = self._month_days.get(key)
