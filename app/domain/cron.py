@@ -145,6 +145,7 @@ def parse_cron(expression: str) -> CronSpec:
     return CronSpec(expression=normalised, has_seconds=has_seconds, frequent=parsed.frequent)
 
 
+# Parsed fields are immutable (but for their bounded month table): cached, as parse_cron.
 @functools.lru_cache(maxsize=4096)
 def _fields_of(normalised: str) -> CronFields:
     return parse_fields(tuple(normalised.upper().split(" ")))

@@ -22,7 +22,6 @@ from __future__ import annotations
 import bisect
 import calendar
 import datetime as dt
-import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -92,7 +91,8 @@ class CronFields:
     hours: tuple[int, ...]
     months: frozenset[int]
     day_rule: DayRule
-    # (year, month) -> the matching days of that month; filled on demand, bounded.
+    # Which days of a month match depends only on its length and the weekday of its 1st:
+    # (calendar weekday of the 1st, length) -> the matching days, at most 28 entries.
     _month_days: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     @property
@@ -101,12 +101,11 @@ class CronFields:
         return len(self.hours) == 24
 
     def month_days(self, year: int, month: int) -> tuple[int, ...]:
-        key = (year, month)
+        """The matching days of one month, increasing."""
+        key = calendar.monthrange(year, month)
         days = self._month_days.get(key)
         if days is None:
-            if len(self._month_days) >= 4096:
-                self._month_days.clear()
-            days = self._month_days[key] = _matching_days(self.day_rule, year, month)
+            days = self._month_days[key] = _matching_days(self.day_rule, *key)
         return days
 
     def walls(self, start: dt.datetime, *, inclusive: bool) -> Iterator[dt.datetime]:
@@ -165,9 +164,8 @@ class CronFields:
                     yield hour, minute, second
 
 
-@functools.lru_cache(maxsize=4096)
 def parse_fields(fields: tuple[str, ...]) -> CronFields:
-    """Five or six (leading seconds) upper-cased fields; raises FieldError. Pure and cached."""
+    """Five or six (leading seconds) upper-cased fields; raises FieldError. Pure."""
     if len(fields) == 5:
         fields = ("0", *fields)
     second, minute, hour, day_of_month, month, day_of_week = fields
@@ -297,10 +295,9 @@ def _parse_day_of_week(raw: str) -> tuple[frozenset[int], frozenset[tuple[int, i
     return frozenset(weekdays), frozenset(nth), frozenset(last)
 
 
-def _matching_days(rule: DayRule, year: int, month: int) -> tuple[int, ...]:
-    first_weekday, month_length = calendar.monthrange(year, month)
+def _matching_days(rule: DayRule, first_calendar_weekday: int, month_length: int) -> tuple[int, ...]:
     # calendar counts Monday as 0; cron counts Sunday as 0.
-    first_weekday = (first_weekday + 1) % 7
+    first_weekday = (first_calendar_weekday + 1) % 7
 
     def weekday_of(day: int) -> int:
         return (first_weekday + day - 1) % 7
