@@ -1,4 +1,4 @@
-"""The `cronhook` command: run the service or one of its roles, migrate, manage API keys."""
+"""The `cronhook` command: run the service or one of its roles, migrate, manage API keys, check cron jobs."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
+from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
 from app.logs import configure_logging, log_event
 from app.runtime import Runtime
 from app.services.startup import start_services
@@ -65,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     create = keys.add_parser("create", help="create a key and print it (only the key) once")
     create.add_argument("--tenant", required=True, help="tenant name; created if new")
     create.set_defaults(func=_cmd_api_key_create)
+
+    check = sub.add_parser("cron-check", help="list cron jobs whose fire times changed with Vixie cron semantics")
+    check.add_argument("--fires", type=fires_arg, default=DEFAULT_FIRES, help="fire times compared per job (1-1000)")
+    check.add_argument("--json", action="store_true", help="one JSON object per job, a summary last")
+    check.set_defaults(func=_cmd_cron_check)
     return parser
 
 
@@ -139,6 +145,18 @@ def _cmd_api_key_create(settings: Settings, args: argparse.Namespace) -> None:
         print(key)  # noqa: T201
 
     _run_role(settings, body)
+
+
+def _cmd_cron_check(settings: Settings, args: argparse.Namespace) -> None:
+    changed = 0
+
+    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
+        nonlocal changed
+        changed = await cron_check(engine, args.fires, sys.stdout, as_json=args.json)
+
+    _run_role(settings, body)
+    # Like diff: 1 when something is listed.
+    raise SystemExit(1 if changed else 0)
 
 
 def _run_role(

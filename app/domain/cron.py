@@ -1,16 +1,20 @@
 """Cron expressions: validation of untrusted input, and their fire instants in an IANA zone.
 
 Pure functions: no clock reads (`after` is always passed in) and no I/O beyond loading
-time-zone data. croniter only enumerates naive wall-clock times here; mapping them to
-instants, and what to do around DST changes, is this module's policy:
+time-zone data. app/domain/cron_fields.py matches the fields and enumerates naive wall-clock
+times; mapping them to instants, and what to do around DST changes, is this module's policy:
 
 Syntax
     Five fields (minute hour day-of-month month day-of-week), or six with a LEADING
     seconds field ("*/10 * * * * *" fires every 10 seconds). The aliases @yearly,
     @annually, @monthly, @weekly, @daily, @midnight and @hourly stand for their
-    five-field expressions. Month and weekday names, and croniter's L (last), W (nearest
-    weekday), # (nth weekday) and ? are accepted. Anything else (@reboot, a year field,
-    croniter's hashed 'H' and random 'R' values) is rejected with CronError(field="cron").
+    five-field expressions. Fields mean what Vixie cron means (a one-value range `9-9` is
+    that value; day-of-month and day-of-week combine by AND when either starts with `*`,
+    by OR when both are restricted); month and weekday names, wrap-around ranges (`22-2`),
+    `?` (alone, for `*` in a day field), and the extensions L, LW, nW (day-of-month) and
+    d#k, dL (day-of-week) are accepted as restrictions of their field: see cron_fields.py.
+    Anything else (@reboot, a year field, `L-3`, `1-5#2`, hashed 'H' and random 'R'
+    values) is rejected with CronError(field="cron").
 
 Evaluation is bounded
     An expression with no fire time within MAX_YEARS_BETWEEN_FIRES years after `after`
@@ -42,18 +46,15 @@ import re
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, CroniterError, croniter
-from croniter.croniter import HOUR_FIELD
+from app.domain.cron_fields import MAX_YEARS_BETWEEN_FIRES as MAX_YEARS_BETWEEN_FIRES
+from app.domain.cron_fields import CronFields, FieldError, parse_fields
 
 UTC = dt.UTC
 
 MAX_EXPRESSION_LENGTH: Final = 200
-# Evaluating an untrusted expression must be bounded: croniter gives up after this many
-# years without a match.
-MAX_YEARS_BETWEEN_FIRES: Final = 5
 MAX_UPCOMING: Final = 1000
 
 ALIASES: Final[dict[str, str]] = {
@@ -69,9 +70,9 @@ ALIASES: Final[dict[str, str]] = {
 _FIVE_FIELDS: Final = ("minute", "hour", "day-of-month", "month", "day-of-week")
 _SIX_FIELDS: Final = ("second", *_FIVE_FIELDS)
 
-# Characters each field may hold once month and weekday names are removed. Everything
-# else croniter would accept is refused on purpose: 'H' needs a hash id we do not have,
-# and 'R' picks a different random value every time the expression is parsed.
+# Characters each field may hold once month and weekday names are removed. 'H' and 'R',
+# which croniter accepts, are refused on purpose: 'H' needs a hash id we do not have, and
+# 'R' picks a different random value every time the expression is parsed.
 _NUMERIC: Final = frozenset("0123456789*,-/")
 _ALLOWED_CHARS: Final[dict[str, frozenset[str]]] = {
     "second": _NUMERIC,
@@ -85,8 +86,8 @@ _NAMES: Final[dict[str, re.Pattern[str]]] = {
     "month": re.compile(r"JAN|FEB|MAR|APR|MAY|JUN|JUL|AUG|SEP|OCT|NOV|DEC"),
     "day-of-week": re.compile(r"SUN|MON|TUE|WED|THU|FRI|SAT"),
 }
-# Same field separator as croniter: ASCII whitespace only, so a no-break space cannot
-# split fields for us and glue them together for croniter.
+# Fields are separated by ASCII whitespace only (as croniter did): a no-break space is an
+# unexpected character, never a separator.
 _FIELD_RE: Final = re.compile(r"\S+", re.ASCII)
 
 
@@ -138,12 +139,16 @@ def parse_cron(expression: str) -> CronSpec:
 
     normalised = " ".join(fields)
     try:
-        expanded, _ = croniter.expand(normalised, second_at_beginning=has_seconds)
-    except CroniterError as exc:
-        raise CronError("cron", f"invalid cron expression {expression!r}: {_first_line(exc)}") from exc
-    # croniter turns a field that lists every value ("*/1", "0-23") into ["*"].
-    frequent = expanded[HOUR_FIELD] == ["*"]
-    return CronSpec(expression=normalised, has_seconds=has_seconds, frequent=frequent)
+        parsed = _fields_of(normalised)
+    except FieldError as exc:
+        raise CronError("cron", f"invalid cron expression {expression!r}: {exc}") from exc
+    return CronSpec(expression=normalised, has_seconds=has_seconds, frequent=parsed.frequent)
+
+
+# Parsed fields are immutable (but for their bounded month table): cached, as parse_cron.
+@functools.lru_cache(maxsize=4096)
+def _fields_of(normalised: str) -> CronFields:
+    return parse_fields(tuple(normalised.upper().split(" ")))
 
 
 def next_fire(spec: CronSpec, timezone: str, after: dt.datetime) -> dt.datetime:
@@ -161,21 +166,40 @@ def upcoming(spec: CronSpec, timezone: str, after: dt.datetime, count: int) -> l
         raise ValueError(f"count must be between 1 and {MAX_UPCOMING}, got {count}")
     if after.tzinfo is None or after.utcoffset() is None:
         raise ValueError("naive datetime; pass an aware datetime")
-    zone = load_zone(timezone)
+    fires = fire_times(_fields_of(spec.expression), load_zone(timezone), after, count)
+    if not fires:
+        raise CronError(
+            "cron",
+            f"cron expression {spec.expression!r} never fires (no fire time within {MAX_YEARS_BETWEEN_FIRES} years)",
+        )
+    return fires
+
+
+class WallMatcher(Protocol):
+    """Which naive wall times an expression matches (CronFields; the legacy evaluator of
+    app/domain/cron_migration.py)."""
+
+    @property
+    def frequent(self) -> bool:
+        """The hour field matches every hour of the day; decides the fall-back rule."""
+        ...
+
+    def walls(self, start: dt.datetime, *, inclusive: bool) -> Iterator[dt.datetime]:
+        """Matching wall times from (or after) `start`, increasing, until the year bound."""
+        ...
+
+
+def fire_times(matcher: WallMatcher, zone: ZoneInfo, after: dt.datetime, count: int) -> list[dt.datetime]:
+    """Up to `count` fire instants strictly after `after` (aware), by the DST policy above."""
     fires: list[dt.datetime] = []
     try:
-        for instant in _fire_instants(spec, zone, after.astimezone(UTC)):
+        for instant in _fire_instants(matcher, zone, after.astimezone(UTC)):
             fires.append(instant)
             if len(fires) == count:
                 break
     except OverflowError:
         # datetime ends with year 9999: what was found before that is all there is.
         pass
-    if not fires:
-        raise CronError(
-            "cron",
-            f"cron expression {spec.expression!r} never fires (no fire time within {MAX_YEARS_BETWEEN_FIRES} years)",
-        )
     return fires
 
 
@@ -213,12 +237,6 @@ def _check_field_chars(expression: str, name: str, value: str) -> None:
             raise CronError("cron", f"invalid cron expression {expression!r}: {name} field {value!r}: {reason}")
 
 
-def _first_line(exc: Exception) -> str:
-    # croniter wraps unexpected parse errors with a whole traceback as the message.
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
 @dataclass(frozen=True)
 class _Overlap:
     """A fall-back: wall times in [start_wall, end_wall) occur twice."""
@@ -227,17 +245,17 @@ class _Overlap:
     end_wall: dt.datetime
 
 
-def _fire_instants(spec: CronSpec, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
+def _fire_instants(matcher: WallMatcher, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
     """Every fire instant strictly after `after` (UTC), increasing, each instant once."""
     last = after
-    for instant in _candidate_instants(spec, zone, after):
+    for instant in _candidate_instants(matcher, zone, after):
         # Gap wall times collapse into one instant, which must fire once.
         if instant > last:
             last = instant
             yield instant
 
 
-def _candidate_instants(spec: CronSpec, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
+def _candidate_instants(matcher: WallMatcher, zone: ZoneInfo, after: dt.datetime) -> Iterator[dt.datetime]:
     """Fire instants in non-decreasing order, starting after `after`; may repeat an instant.
 
     Walls are enumerated in order, and the first occurrence of each maps to instants in the
@@ -253,65 +271,57 @@ def _candidate_instants(spec: CronSpec, zone: ZoneInfo, after: dt.datetime) -> I
         if local_after.fold == 0:
             # In the first pass: the rest of it comes first, then the whole second pass,
             # including wall times earlier than `wall_after`.
-            walls = _walls(spec, wall_after, inclusive=False)
-            if spec.frequent:
+            walls = matcher.walls(wall_after, inclusive=False)
+            if matcher.frequent:
                 pending = overlap
         else:
             # In the second pass: the first pass is over, so the rest of the second pass
             # comes first, then wall times from the end of the overlap.
-            if spec.frequent:
-                yield from _second_pass(spec, zone, overlap, wall_after, inclusive=False)
-            walls = _walls(spec, overlap.end_wall, inclusive=True)
+            if matcher.frequent:
+                yield from _second_pass(matcher, zone, overlap, wall_after, inclusive=False)
+            walls = matcher.walls(overlap.end_wall, inclusive=True)
     else:
-        walls = _walls(spec, wall_after, inclusive=False)
+        walls = matcher.walls(wall_after, inclusive=False)
 
     for wall in walls:
         if pending is not None and wall >= pending.end_wall:
-            yield from _second_pass(spec, zone, pending, pending.start_wall, inclusive=True)
+            yield from _second_pass(matcher, zone, pending, pending.start_wall, inclusive=True)
             pending = None
-        if not _exists(zone, wall):
+        if (plain := _unique_instant(zone, wall)) is not None:
+            yield plain
+        elif not _exists(zone, wall):
             yield _gap_end(zone, wall)
         elif _is_ambiguous(zone, wall):
-            if spec.frequent and pending is None:
+            if matcher.frequent and pending is None:
                 pending = _overlap_at(zone, wall)
             yield min(_instant(zone, wall, fold=0), _instant(zone, wall, fold=1))
         else:
             yield _instant(zone, wall, fold=0)
     # The expression stopped firing while an overlap was open.
     if pending is not None:
-        yield from _second_pass(spec, zone, pending, pending.start_wall, inclusive=True)
+        yield from _second_pass(matcher, zone, pending, pending.start_wall, inclusive=True)
 
 
 def _second_pass(
-    spec: CronSpec, zone: ZoneInfo, overlap: _Overlap, start: dt.datetime, *, inclusive: bool
+    matcher: WallMatcher, zone: ZoneInfo, overlap: _Overlap, start: dt.datetime, *, inclusive: bool
 ) -> Iterator[dt.datetime]:
     """Second occurrences (fold=1) of the matching wall times from `start` to the end of `overlap`."""
-    for wall in _walls(spec, start, inclusive=inclusive):
+    for wall in matcher.walls(start, inclusive=inclusive):
         if wall >= overlap.end_wall:
             return
         yield _instant(zone, wall, fold=1)
 
 
-def _walls(spec: CronSpec, start: dt.datetime, *, inclusive: bool) -> Iterator[dt.datetime]:
-    """Matching naive wall times after (or from) `start`, until none within the year bound."""
-    # croniter goes through float timestamps, which cannot hold every microsecond of a
-    # present-day date exactly; whole seconds round-trip, and cron times are whole seconds.
-    begin = start.replace(microsecond=0)
-    if inclusive and begin == start:
-        begin -= dt.timedelta(seconds=1)
-    walls = croniter(
-        spec.expression,
-        begin,
-        ret_type=dt.datetime,
-        max_years_between_matches=MAX_YEARS_BETWEEN_FIRES,
-        second_at_beginning=spec.has_seconds,
-    )
-    while True:
-        try:
-            wall = walls.get_next(dt.datetime)
-        except CroniterBadDateError:
-            return
-        yield wall
+def _unique_instant(zone: ZoneInfo, wall: dt.datetime) -> dt.datetime | None:
+    """The one instant of `wall`, or None near a transition (in a gap or an overlap).
+
+    The hot path: away from transitions both folds give the same offset, and the instant is
+    one subtraction away.
+    """
+    offset = wall.replace(tzinfo=zone).utcoffset()
+    if offset is None or offset != wall.replace(tzinfo=zone, fold=1).utcoffset():
+        return None
+    return (wall - offset).replace(tzinfo=UTC)
 
 
 def _instant(zone: ZoneInfo, wall: dt.datetime, *, fold: int) -> dt.datetime:
@@ -325,8 +335,10 @@ def _exists(zone: ZoneInfo, wall: dt.datetime) -> bool:
 
 def _is_ambiguous(zone: ZoneInfo, wall: dt.datetime) -> bool:
     # Only meaningful for existing wall times: those in a gap also differ by fold.
-    return _exists(zone, wall) and (
-        wall.replace(tzinfo=zone, fold=0).utcoffset() != wall.replace(tzinfo=zone, fold=1).utcoffset()
+    return (
+        _unique_instant(zone, wall) is None
+        and _exists(zone, wall)
+        and (wall.replace(tzinfo=zone, fold=0).utcoffset() != wall.replace(tzinfo=zone, fold=1).utcoffset())
     )
 
 
