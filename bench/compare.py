@@ -166,6 +166,15 @@ def summarize(result: dict[str, Any], n: int) -> dict[str, Any]:
         "late_ms_p50": mine.get("late_ms_p50"),
         "late_ms_p99": mine.get("late_ms_p99"),
         "cpu_ms_per_delivery": reported.get("cpu_ms_per_delivery"),
+        # Whole runs (set-up included), per delivery: the system's processes and PostgreSQL.
+        "run_cpu_ms_per_delivery": {
+            name: {
+                "system": round(fig["cpu"]["system_s"] * 1000 / n, 3),
+                "postgres": round(fig["cpu"]["postgres_s"] * 1000 / n, 3),
+            }
+            for name, fig in systems.items()
+            if "cpu" in fig
+        },
         "cpu": mine.get("cpu"),
         "box": result.get("box"),
     }
