@@ -456,6 +456,11 @@ def add_common_args(parser: argparse.ArgumentParser, jobs: int) -> None:
     parser.add_argument("--concurrency", type=positive_int, default=200, help="deliveries in flight per replica")
     parser.add_argument("--batch-size", type=positive_int, default=200, help="jobs claimed per query")
     parser.add_argument("--deadline", type=float, default=300.0, help="give up after this many seconds")
+    add_database_url_arg(parser)
+
+
+def add_database_url_arg(parser: argparse.ArgumentParser) -> None:
+    """--database-url, for the benches that take a fresh database (BenchDatabase)."""
     parser.add_argument(
         "--database-url",
         default=os.environ.get("CRONHOOK_DATABASE_URL") or None,

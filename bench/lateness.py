@@ -1,0 +1,146 @@
+"""Steady-load lateness: how late cronhook delivers jobs that fall due one after another.
+
+For each rate (default 100/s and 1,000/s: jobs due 10 ms and 1 ms apart) it creates
+rate x --seconds one-off jobs due at first_due + i / rate, in one set-based INSERT
+(generate_series) well before the first is due, and lets `--cronhook-cmd` (default
+`cronhook up`) deliver them to the peers' fast receiver (../shared/peers/receiver.py, about
+15 us of CPU per request, so the figures are the scheduler's). Lateness per request = receive
+time - its `cronhook-scheduled-for` header (the dispatcher's; ISO 8601), from the receiver's
+log; p50/p99/max, and duplicates (requests beyond the first per webhook-id).
+
+The database is fresh (embedded in a temporary folder, or a scratch database on
+--database-url's server, dropped at the end); cronhook migrates it and owns all partitions
+before the first job is due.
+
+    .venv/bin/python bench/lateness.py
+    .venv/bin/python bench/lateness.py --rates 1000 --env CRONHOOK_POLL_INTERVAL_S=0.02
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dispatch import BenchDatabase, add_database_url_arg, positive_int
+from harness import (
+    Profiler,
+    Service,
+    add_service_args,
+    jobs_insert_series,
+    last_json_line,
+    load_peer,
+    parse_env,
+    print_profile,
+    run_bench,
+    target_for,
+    wait_partitions_owned,
+)
+from sqlalchemy import text
+
+from app.db.engine import create_engine
+
+
+async def phase(
+    args: argparse.Namespace, rate: int, service: Service, engine: Any, workdir: Path, sbs: Any, python: Path
+) -> dict[str, Any]:
+    n = rate * args.seconds
+    rx = sbs.Receiver(python, workdir, f"rate{rate}")
+    profiler: Profiler | None = None
+    try:
+        target_id = await target_for(engine, service, rx.url + "/hook")
+        first_due = time.time() + 2.0 + n / 50_000
+        async with engine.begin() as conn:
+            await jobs_insert_series(conn, target_id, n, first_due, 1.0 / rate)
+            await conn.execute(text("ANALYZE jobs"))
+        await asyncio.sleep(max(0.0, first_due - time.time()))
+        cpu0 = service.cpu_s()
+        if args.profile:
+            profiler = Profiler(Path(args.profile), f"lateness-{rate}", service.pid)
+        deadline = first_due + args.seconds + args.grace
+        while time.time() < deadline:
+            service.check_alive()
+            if (rx.count() or 0) >= n:
+                break
+            await asyncio.sleep(0.25)
+        cpu_s = service.cpu_s() - cpu0
+        profile = profiler.stop() if profiler is not None else None
+        profiler = None
+        rx.settle(n, quiet_s=1.0, timeout=5.0)
+    finally:
+        if profiler is not None:
+            profiler.stop()
+        rx.stop()
+    fig = sbs.figures(rx.records(), first_due, n)
+    fig.pop("_window", None)
+    distinct = fig.get("distinct") or 0
+    out = {
+        "rate_per_s": rate,
+        "jobs": n,
+        "delivered": fig["delivered"],
+        "duplicates": fig.get("duplicates"),
+        "lost": n - distinct,
+        "late_ms_p50": fig.get("late_ms_p50"),
+        "late_ms_p99": fig.get("late_ms_p99"),
+        "late_ms_max": fig.get("late_ms_max"),
+        "late_basis": fig.get("late_basis"),
+        "cpu_ms_per_delivery": round(cpu_s * 1000 / max(fig["delivered"], 1), 3),
+    }
+    if profile is not None:
+        print_profile(f"cronhook at {rate}/s", profile)
+        out["profile"] = {k: v for k, v in profile.items() if k != "inclusive_pct"}
+    return out
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    sbs = load_peer("side_by_side", args.peers_dir)
+    python = load_peer("env").ensure_peers_venv()
+    database = BenchDatabase(args.database_url)
+    service: Service | None = None
+    engine = None
+    result: dict[str, Any] = {"bench": "lateness", "cmd": args.cronhook_cmd, "env": args.env, "phases": []}
+    try:
+        url = await database.start()
+        engine = create_engine(url, pool_size=2)
+        service = Service(args.cronhook_cmd, url, workdir / "cronhook.log", parse_env(args.env))
+        await asyncio.to_thread(service.start)
+        await wait_partitions_owned(engine, service)
+        for rate in args.rates:
+            fig = await phase(args, rate, service, engine, workdir, sbs, python)
+            print(
+                f"{rate}/s: lateness p50 {fig['late_ms_p50']} ms, p99 {fig['late_ms_p99']} ms, max "
+                f"{fig['late_ms_max']} ms; {fig['delivered']} delivered, duplicates {fig['duplicates']}, "
+                f"lost {fig['lost']}; {fig['cpu_ms_per_delivery']} ms CPU per delivery"
+            )
+            result["phases"].append(fig)
+    finally:
+        if service is not None:
+            await asyncio.to_thread(service.stop)
+        if engine is not None:
+            await engine.dispose()
+        await database.stop()
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", type=positive_int, nargs="+", default=[100, 1000], help="jobs due per second")
+    parser.add_argument("--seconds", type=positive_int, default=30, help="how long each rate lasts (30)")
+    parser.add_argument("--grace", type=float, default=30.0, help="seconds after the last due time to give up")
+    add_database_url_arg(parser)
+    add_service_args(parser, "cronhook up")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run_bench("cronhook-lateness-", lambda workdir: asyncio.run(run(args, workdir)))
+    last_json_line(result)
+    return 0 if all(p["lost"] == 0 and not p["duplicates"] for p in result["phases"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
