@@ -68,6 +68,14 @@ class Settings(BaseSettings):
     # Bearer key for the operator endpoints (/v1/cluster); unset, they answer 403.
     admin_api_key: SecretStr | None = None
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
+    # The whole body of POST /v1/jobs/batch (each job's payload is still held to max_payload_bytes).
+    max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
+    # API worker processes sharing the listening socket (`cronhook api|up --workers`).
+    api_workers: int = Field(default=1, ge=1, le=64)
+
+    # Processes: scheduler processes on this machine (`cronhook up|scheduler --processes`),
+    # each its own replica sharing the partitions; default one per CPU.
+    scheduler_processes: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=64)
 
     # Scheduler.
     replica_id: str = Field(default_factory=default_replica_id)

@@ -14,7 +14,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
 from app.api.errors import CatchAll, install_error_handlers, problem_response
-from app.api.routes import cluster, dead_letters, health, job_control, jobs, schedules, targets
+from app.api.routes import cluster, dead_letters, health, job_batches, job_control, jobs, schedules, targets
+from app.api.routes.job_batches import BATCH_PATH
 from app.runtime import Runtime
 from app.services.startup import start_services
 from app.settings import Settings
@@ -57,9 +58,13 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None, run_servic
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app)
-    for module in (targets, jobs, job_control, dead_letters, schedules, cluster, health):
+    for module in (targets, jobs, job_batches, job_control, dead_letters, schedules, cluster, health):
         app.include_router(module.router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES,
+        by_path={BATCH_PATH: settings.max_batch_bytes},
+    )
     # Added last, so it wraps everything above: nothing unexpected escapes to the server.
     app.add_middleware(CatchAll)
     return app
@@ -72,17 +77,19 @@ class BodySizeLimit:
     downstream ever sees a truncated request.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, by_path: dict[str, int] | None = None) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.default_max_bytes = max_bytes
+        self.by_path = by_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.by_path.get(scope["path"], self.default_max_bytes)
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            await self._reject(scope, receive, send, max_bytes)
             return
         chunks: list[bytes] = []
         size = 0
@@ -92,8 +99,8 @@ class BodySizeLimit:
                 break  # client went away; let the app see an empty body
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
-                await self._reject(scope, receive, send)
+            if size > max_bytes:
+                await self._reject(scope, receive, send, max_bytes)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -109,11 +116,11 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:
         response = problem_response(
             Request(scope),
             413,
-            f"request body exceeds {self.max_bytes} bytes",
+            f"request body exceeds {max_bytes} bytes",
             slug="payload-too-large",
             errors=[{"field": "body", "message": "too large"}],
         )

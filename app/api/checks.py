@@ -3,7 +3,6 @@ limit, a live target, and a job that exists."""
 
 from __future__ import annotations
 
-import json
 import uuid
 
 from sqlalchemy.engine import RowMapping
@@ -11,21 +10,25 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.errors import Problem
 from app.settings import Settings
+from app.store.job_inserts import payload_json
 from app.store.jobs import job_get
 from app.store.targets import target_lock_live
 
 JOB_NOT_FOUND = "job not found"
 
 
-def ensure_payload_fits(payload: object, settings: Settings) -> None:
-    payload_size = len(json.dumps(payload, separators=(",", ":")).encode())
+def ensure_payload_fits(payload: object, settings: Settings, field: str = "payload") -> str:
+    """The payload as JSON (what is stored), if it is within the limit."""
+    encoded = payload_json(payload)
+    payload_size = len(encoded) if encoded.isascii() else len(encoded.encode())
     if payload_size > settings.max_payload_bytes:
         raise Problem(
             413,
             f"payload is {payload_size} bytes; the limit is {settings.max_payload_bytes} (CRONHOOK_MAX_PAYLOAD_BYTES)",
             slug="payload-too-large",
-            field="payload",
+            field=field,
         )
+    return encoded
 
 
 async def require_live_target(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> None:

@@ -86,9 +86,14 @@ def field_error(field: str, message: str) -> list[dict[str, str]]:
 
 
 def _field_name(loc: tuple[Any, ...]) -> str:
-    # ("body", "headers", "X-Foo") -> "headers.X-Foo"; ("query", "limit") -> "limit"
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or "body"
+    # ("body", "headers", "X-Foo") -> "headers.X-Foo"; ("query", "limit") -> "limit";
+    # ("body", "jobs", 3, "cron") -> "jobs[3].cron"
+    name = ""
+    for part in loc:
+        if part in ("body", "query", "path", "header"):
+            continue
+        name += f"[{part}]" if isinstance(part, int) else f".{part}" if name else str(part)
+    return name or "body"
 
 
 # What FastAPI raises (as a 400) when decoding the body fails other than as a JSONDecodeError.

@@ -123,9 +123,15 @@ class IdempotentRequest:
         log_event(logger, "idempotency_key_replayed", tenant_id=str(self.tenant_id), endpoint=self.endpoint)
         return Replay(record.status_code, record.response)
 
-    async def finish(self, status_code: int, response: BaseModel, *, exclude: set[str] | None = None) -> None:
-        """Stores the response for replays, without the fields in `exclude` (secrets)."""
+    async def finish(
+        self, status_code: int, response: BaseModel | dict[str, Any], *, exclude: set[str] | None = None
+    ) -> None:
+        """Stores the response (a model, or JSON-ready dict) for replays, without the fields
+        in `exclude` (secrets)."""
         if self.key is None:
             return
-        stored = response.model_dump(mode="json", exclude=exclude)
+        if isinstance(response, BaseModel):
+            stored = response.model_dump(mode="json", exclude=exclude)
+        else:
+            stored = {k: v for k, v in response.items() if k not in (exclude or set())}
         await idempotency_key_record_response(self.conn, self.tenant_id, self.endpoint, self.key, status_code, stored)

@@ -27,7 +27,10 @@ def create_engine(raw_url: str, pool_size: int = 10, idle_in_transaction_timeout
         connect_args={"server_settings": server_settings},
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        # No pre-ping: it cost three round trips (BEGIN, ";", ROLLBACK) per checkout. A
+        # connection found dead fails its statement as a transient error: the services back
+        # off and retry, and the API retries the key look-up that opens every request
+        # (app/api/deps.py) or answers 503.
         # Statement parameters hold signing secrets and target headers: keep them out of
         # exception messages (and so out of logs).
         hide_parameters=True,

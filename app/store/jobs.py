@@ -1,5 +1,5 @@
 """Jobs, the API side: create, read, and the user's state changes (cancel, pause, resume,
-PATCH). The scheduler's and reaper's statements are in claims.py and outcomes.py.
+PATCH); the INSERTs are in job_inserts.py. The scheduler's and reaper's statements are in claims.py and outcomes.py.
 
 Every statement that changes a job's state names the states it expects; one that matches no
 row means the job is in another state (or absent), which the caller reports.
@@ -11,91 +11,33 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from sqlalchemy import and_, case, cast, func, literal, or_, select, text, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import and_, case, cast, func, literal, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.job import NewJob
-from app.domain.partition import partition_for
-from app.domain.states import CANCELLABLE_STATES, PAUSABLE_STATES, TERMINAL_STATES, JobState
-from app.store.job_rows import NO_LEASE, policy_columns, recurrence_columns, schedule_columns
-from app.store.tables import DEDUP_KEY_LIVE, job_state, jobs
+from app.domain.states import CANCELLABLE_STATES, PAUSABLE_STATES, JobState
+from app.store.job_inserts import job_insert_many
+from app.store.job_rows import NO_LEASE
+from app.store.tables import job_state, jobs
+
+_NOW = select(func.now())
 
 
 async def db_now(conn: AsyncConnection) -> dt.datetime:
-    value: dt.datetime | None = await conn.scalar(select(func.now()))
+    value: dt.datetime | None = await conn.scalar(_NOW)
     assert value is not None
     return value
 
 
 async def job_create(conn: AsyncConnection, new: NewJob) -> RowMapping:
-    (row,) = await job_create_many(conn, [new])
+    (row,) = await job_insert_many(conn, [new])
     return row
 
 
-async def job_create_unless_duplicate(conn: AsyncConnection, new: NewJob) -> tuple[RowMapping | None, uuid.UUID | None]:
-    """Creates the job unless an unfinished job of the tenant holds its `dedup_key`.
-
-    Returns (new row, None), or (None, id of the job holding the key). ON CONFLICT against
-    the partial unique index waits for a concurrent insert of the same key to commit, so
-    exactly one of two racing creates wins.
-    """
-    assert new.dedup_key is not None
-    stmt = (
-        insert(jobs)
-        .values(_new_job_values(new))
-        .on_conflict_do_nothing(
-            index_elements=[jobs.c.tenant_id, jobs.c.dedup_key],
-            index_where=text(DEDUP_KEY_LIVE),
-        )
-        .returning(*jobs.c)
-    )
-    row = (await conn.execute(stmt)).mappings().one_or_none()
-    if row is not None:
-        return row, None
-    holder = await conn.scalar(
-        select(jobs.c.id).where(
-            jobs.c.tenant_id == new.tenant_id,
-            jobs.c.dedup_key == new.dedup_key,
-            jobs.c.state.not_in([s.value for s in TERMINAL_STATES]),
-        )
-    )
-    assert holder is not None, "the conflicting job is unfinished and committed"
-    return None, holder
-
-
 async def job_create_many(conn: AsyncConnection, news: list[NewJob]) -> list[RowMapping]:
-    """One multi-row INSERT; rows come back in the order of `news`."""
-    if not news:
-        return []
-    values = [_new_job_values(new) for new in news]
-    stmt = jobs.insert().values(values).returning(*jobs.c)
-    by_id = {row["id"]: row for row in (await conn.execute(stmt)).mappings().all()}
-    return [by_id[v["id"]] for v in values]
-
-
-def _new_job_values(new: NewJob) -> dict[str, Any]:
-    job_id = uuid.uuid4()
-    return dict(
-        id=job_id,
-        partition=partition_for(job_id),
-        tenant_id=new.tenant_id,
-        target_id=new.target_id,
-        name=new.name,
-        payload=new.payload,
-        priority=new.priority,
-        state=JobState.SCHEDULED,
-        **schedule_columns(new.schedule),
-        schedule_anchor_at=new.anchor_at or new.first_fire_at,
-        scheduled_for=new.first_fire_at,
-        occurrence_id=uuid.uuid4(),
-        run_at=new.first_fire_at,
-        **policy_columns(new.policy),
-        dedup_key=new.dedup_key,
-        parent_job_id=new.parent_job_id,
-        **recurrence_columns(new.recurrence),
-    )
+    """One INSERT (built once, app/store/job_inserts.py); rows come back in the order of `news`."""
+    return await job_insert_many(conn, news)
 
 
 async def job_get(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import secrets
 import uuid
+from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -46,8 +48,27 @@ async def api_key_ensure(conn: AsyncConnection, tenant_id: uuid.UUID, key: str) 
     await conn.execute(stmt)
 
 
+# Built once (every request runs it). The database's now() comes with the answer, so a
+# create needs no round trip of its own for the clock.
+_AUTHENTICATE = select(api_keys.c.tenant_id, func.now().label("now")).where(
+    api_keys.c.key_hash == bindparam("key_hash"), api_keys.c.revoked_at.is_(None)
+)
+
+
+@dataclass(frozen=True)
+class KeyMatch:
+    tenant_id: uuid.UUID
+    now: dt.datetime  # the database's clock when the key was checked
+
+
+async def api_key_authenticate_at(conn: AsyncConnection, key: str) -> KeyMatch | None:
+    """The tenant owning this key and the database's now(), or None for an unknown or revoked
+    key. Never cached: a revocation holds for the next request on every replica."""
+    row = (await conn.execute(_AUTHENTICATE, {"key_hash": hash_api_key(key)})).one_or_none()
+    return None if row is None else KeyMatch(row.tenant_id, row.now)
+
+
 async def api_key_authenticate(conn: AsyncConnection, key: str) -> uuid.UUID | None:
     """The tenant owning this key, or None for an unknown or revoked key."""
-    stmt = select(api_keys.c.tenant_id).where(api_keys.c.key_hash == hash_api_key(key), api_keys.c.revoked_at.is_(None))
-    tenant_id: uuid.UUID | None = await conn.scalar(stmt)
-    return tenant_id
+    match = await api_key_authenticate_at(conn, key)
+    return None if match is None else match.tenant_id

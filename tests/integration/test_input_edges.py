@@ -216,7 +216,7 @@ async def test_a_bad_patch_names_the_field_that_was_sent(
         ("/v1/jobs", {"delay_s": 5, "priority": "5"}, "priority"),
         ("/v1/jobs", {"delay_s": 5, "max_attempts": True}, "max_attempts"),
         ("/v1/targets", {"name": "t", "url": "http://127.0.0.1:9/h", "max_in_flight": True}, "max_in_flight"),
-        ("/v1/targets", {"name": "t", "url": "http://127.0.0.1:9/h", "retry_on_status": ["404"]}, "retry_on_status.0"),
+        ("/v1/targets", {"name": "t", "url": "http://127.0.0.1:9/h", "retry_on_status": ["404"]}, "retry_on_status[0]"),
         ("/v1/dead-letters/replay", {"include_replayed": "yes"}, "include_replayed"),
     ],
 )

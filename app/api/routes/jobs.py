@@ -7,8 +7,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job, require_live_target
-from app.api.deps import Conn, SettingsDep, TenantId
+from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job
+from app.api.deps import Conn, CreateConn, Creator, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public
@@ -16,7 +16,7 @@ from app.api.schemas.pages import Page, page_of
 from app.domain.job_plan import plan_create
 from app.domain.states import JobState
 from app.store import jobs as store
-from app.store.jobs import db_now
+from app.store.job_inserts import NotCreated, PreparedJob, job_create_checked
 from app.store.pagination import decode_int_cursor, decode_time_id_cursor, encode_cursor
 from app.store.runs import run_list_for_job
 
@@ -26,34 +26,38 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 @router.post("", status_code=201, operation_id="createJob", responses=REPLAYED_RESPONSE_DOC)
 async def create_job(
     body: JobCreate,
-    tenant_id: TenantId,
-    conn: Conn,
+    creator: Creator,
+    conn: CreateConn,
     settings: SettingsDep,
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic:
-    idempotent = IdempotentRequest(conn, tenant_id, "POST /v1/jobs", idempotency_key, body)
+    # Round trips without a key: the key look-up (with the clock), then one INSERT that
+    # share-locks the target and honours dedup_key, both in autocommit.
+    idempotent = IdempotentRequest(conn, creator.tenant_id, "POST /v1/jobs", idempotency_key, body)
     if (replay := await idempotent.begin()) is not None:
         return JobPublic.model_validate(replay.apply(response))
-    ensure_payload_fits(body.payload, settings)
-    new = plan_create(body, tenant_id, settings.default_retry_policy, await db_now(conn))
-    await require_live_target(conn, tenant_id, body.target_id)
-    if new.dedup_key is None:
-        row = await store.job_create(conn, new)
-    else:
-        created, holder = await store.job_create_unless_duplicate(conn, new)
-        if created is None:
-            raise Problem(
-                409,
-                f"an unfinished job already has this dedup_key: {holder}",
-                slug="duplicate-job",
-                field="dedup_key",
-                extra={"job_id": str(holder)},
-            )
-        row = created
-    job = job_public(row)
+    payload = ensure_payload_fits(body.payload, settings)
+    new = plan_create(body, creator.tenant_id, settings.default_retry_policy, creator.now)
+    created = await job_create_checked(conn, creator.tenant_id, PreparedJob.of(new, payload))
+    if isinstance(created, NotCreated):
+        raise not_created_problem(created)
+    job = job_public(created)
     await idempotent.finish(201, job)
     return job
+
+
+def not_created_problem(reason: NotCreated, field_prefix: str = "") -> Problem:
+    if reason.holder is None:
+        # Unknown and foreign targets look the same: a tenant learns nothing of others' ids.
+        return Problem(422, "no such target", slug="validation", field=f"{field_prefix}target_id")
+    return Problem(
+        409,
+        f"an unfinished job already has this dedup_key: {reason.holder}",
+        slug="duplicate-job",
+        field=f"{field_prefix}dedup_key",
+        extra={"job_id": str(reason.holder)},
+    )
 
 
 @router.get("", operation_id="listJobs")

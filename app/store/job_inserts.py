@@ -1,0 +1,281 @@
+"""Creating jobs: one INSERT ... SELECT FROM unnest(arrays) built once, for one job or a
+thousand, so the compiled cache always hits and a batch costs no per-row Python SQL.
+
+`job_insert_many` writes rows as they come (triggers, replays, tests: the caller has already
+share-locked the targets). `job_create_checked` is the API's create: the same INSERT, with
+the target's share lock (a live target of the tenant) and the tenant's `dedup_key` rule
+folded in (ON CONFLICT DO NOTHING against the partial unique index), so a create is one
+statement; a row that did not go in is explained afterwards (no target, or the job holding
+its key).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Double,
+    Integer,
+    Select,
+    SmallInteger,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    column,
+    func,
+    literal,
+    select,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID, insert
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.type_api import TypeEngine
+
+from app.domain.job import NewJob
+from app.domain.occurrences import Recurrence
+from app.domain.partition import partition_for
+from app.domain.states import TERMINAL_STATES, JobState
+from app.store.job_rows import policy_columns, recurrence_columns, schedule_columns
+from app.store.tables import DEDUP_KEY_LIVE, job_state, jobs, targets
+
+_UUID = UUID(as_uuid=True)
+_TS = jobs.c.scheduled_for.type
+
+# The columns a new job sets, each sent as one typed array (the payload as JSON text, cast
+# in SQL: serialised once, and asyncpg encodes a text[] without a per-element codec).
+_ARRAYS: tuple[tuple[str, TypeEngine[Any]], ...] = (
+    ("id", _UUID),
+    ("partition", SmallInteger()),
+    ("target_id", _UUID),
+    ("name", Text()),
+    ("payload", Text()),
+    ("priority", SmallInteger()),
+    ("schedule_kind", Text()),
+    ("cron", Text()),
+    ("timezone", Text()),
+    ("every_s", Integer()),
+    ("schedule_anchor_at", _TS),
+    ("scheduled_for", _TS),
+    ("occurrence_id", _UUID),
+    ("max_attempts", Integer()),
+    ("backoff_base_s", Double()),
+    ("backoff_max_s", Double()),
+    ("backoff_factor", Double()),
+    ("dedup_key", Text()),
+    ("parent_job_id", _UUID),
+    ("interval_mode", Text()),
+    ("misfire_policy", Text()),
+    ("misfire_grace_s", Double()),
+    ("catch_up_limit", Integer()),
+    ("overlap_policy", Text()),
+    ("start_at", _TS),
+    ("end_at", _TS),
+    ("max_runs", Integer()),
+)
+
+# A one-off job's recurrence columns: the policies' defaults (the columns are NOT NULL).
+_ONE_OFF_RECURRENCE: dict[str, Any] = {
+    "interval_mode": Recurrence.interval_mode.value,
+    "misfire_policy": Recurrence.misfire_policy.value,
+    "misfire_grace_s": Recurrence.misfire_grace_s,
+    "catch_up_limit": Recurrence.catch_up_limit,
+    "overlap_policy": Recurrence.overlap_policy.value,
+    "start_at": None,
+    "end_at": None,
+    "max_runs": None,
+}
+
+
+def _rows() -> Any:
+    arrays = [bindparam(name, type_=ARRAY(type_)) for name, type_ in _ARRAYS]
+    names = [column(name, type_) for name, type_ in _ARRAYS]
+    return func.unnest(*arrays).table_valued(*names).render_derived(name="new")
+
+
+def _insert_select(new: Any, tenant_id: ColumnElement[Any]) -> Select[Any]:
+    payload = cast(new.c.payload, JSONB)
+    state = cast(literal(JobState.SCHEDULED.value), job_state)
+    values: dict[str, ColumnElement[Any]] = {name: new.c[name] for name, _ in _ARRAYS}
+    values.update(tenant_id=tenant_id, payload=payload, state=state, run_at=new.c.scheduled_for)
+    return select(*(value.label(name) for name, value in values.items()))
+
+
+def _build_insert_many() -> Any:
+    new = _rows()
+    selected = _insert_select(new, bindparam("tenant_id", type_=_UUID)).select_from(new)
+    return insert(jobs).from_select(list(selected.selected_columns.keys()), selected).returning(*jobs.c)
+
+
+def _build_create_checked(returning: Sequence[Any]) -> Any:
+    tenant_id = bindparam("tenant_id", type_=_UUID)
+    live = (
+        select(targets.c.id)
+        .where(
+            targets.c.id == any_(bindparam("live_target_ids", type_=ARRAY(_UUID))),
+            targets.c.tenant_id == tenant_id,
+            targets.c.deleted_at.is_(None),
+        )
+        # Deleting a target takes the exclusive lock first, so it sees every job created
+        # before it and none is created after it; creations do not block each other.
+        .with_for_update(read=True)
+        .cte("live_targets")
+    )
+    new = _rows()
+    selected = _insert_select(new, tenant_id).select_from(new).where(new.c.target_id.in_(select(live.c.id)))
+    return (
+        insert(jobs)
+        .from_select(list(selected.selected_columns.keys()), selected)
+        .on_conflict_do_nothing(index_elements=[jobs.c.tenant_id, jobs.c.dedup_key], index_where=text(DEDUP_KEY_LIVE))
+        .returning(*returning)
+    )
+
+
+# Built once: every create hits SQLAlchemy's compiled cache and asyncpg's prepared statements.
+_INSERT_MANY = _build_insert_many()
+_CREATE_ONE = _build_create_checked(list(jobs.c))
+_CREATE_MANY = _build_create_checked([jobs.c.id])
+_LIVE_TARGETS = select(targets.c.id).where(
+    targets.c.id == any_(bindparam("target_ids", type_=ARRAY(_UUID))),
+    targets.c.tenant_id == bindparam("tenant_id", type_=_UUID),
+    targets.c.deleted_at.is_(None),
+)
+_DEDUP_HOLDERS = select(jobs.c.dedup_key, jobs.c.id).where(
+    jobs.c.tenant_id == bindparam("tenant_id", type_=_UUID),
+    jobs.c.dedup_key == any_(bindparam("dedup_keys", type_=ARRAY(Text()))),
+    jobs.c.state.not_in([s.value for s in TERMINAL_STATES]),
+)
+
+
+def payload_json(payload: Any) -> str:
+    """The payload as sent to the database: compact JSON (its size is what
+    CRONHOOK_MAX_PAYLOAD_BYTES limits)."""
+    return json.dumps(payload, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A job about to be inserted: its new id and its payload already serialised."""
+
+    id: uuid.UUID
+    new: NewJob
+    payload: str
+
+    @classmethod
+    def of(cls, new: NewJob, payload: str | None = None) -> PreparedJob:
+        return cls(uuid.uuid4(), new, payload_json(new.payload) if payload is None else payload)
+
+
+def _parameters(tenant_id: uuid.UUID, jobs_: Sequence[PreparedJob]) -> dict[str, Any]:
+    columns: dict[str, list[Any]] = {name: [] for name, _ in _ARRAYS}
+    for prepared in jobs_:
+        new = prepared.new
+        row: dict[str, Any] = {
+            "id": prepared.id,
+            "partition": partition_for(prepared.id),
+            "target_id": new.target_id,
+            "name": new.name,
+            "payload": prepared.payload,
+            "priority": new.priority,
+            **schedule_columns(new.schedule),
+            "schedule_anchor_at": new.anchor_at or new.first_fire_at,
+            "scheduled_for": new.first_fire_at,
+            "occurrence_id": uuid.uuid4(),
+            **policy_columns(new.policy),
+            "dedup_key": new.dedup_key,
+            "parent_job_id": new.parent_job_id,
+            **(recurrence_columns(new.recurrence) if new.recurrence is not None else _ONE_OFF_RECURRENCE),
+        }
+        for name, values in columns.items():
+            values.append(row[name])
+    return {"tenant_id": tenant_id, **columns}
+
+
+async def job_insert_many(conn: AsyncConnection, news: Sequence[NewJob]) -> list[RowMapping]:
+    """Inserts the jobs (all of one tenant); rows come back in the order of `news`."""
+    if not news:
+        return []
+    tenants = {new.tenant_id for new in news}
+    if len(tenants) != 1:
+        raise ValueError("job_insert_many takes the jobs of one tenant")
+    prepared = [PreparedJob.of(new) for new in news]
+    rows = (await conn.execute(_INSERT_MANY, _parameters(tenants.pop(), prepared))).mappings().all()
+    by_id = {row["id"]: row for row in rows}
+    return [by_id[job.id] for job in prepared]
+
+
+@dataclass(frozen=True)
+class NotCreated:
+    """Why a job was not created: its target is not a live target of the tenant, or an
+    unfinished job of the tenant (`holder`) has its dedup_key."""
+
+    target_missing: bool = False
+    holder: uuid.UUID | None = None
+
+
+# A conflicting job can finish between the INSERT and the look-up of its holder; the create
+# is then tried again, at most this many times in all.
+_CREATE_TRIES = 3
+
+
+async def job_create_checked(conn: AsyncConnection, tenant_id: uuid.UUID, job: PreparedJob) -> RowMapping | NotCreated:
+    """Creates one job of the tenant in one statement, or says why not (nothing written)."""
+    for _ in range(_CREATE_TRIES):
+        parameters = {**_parameters(tenant_id, [job]), "live_target_ids": [job.new.target_id]}
+        row = (await conn.execute(_CREATE_ONE, parameters)).mappings().one_or_none()
+        if row is not None:
+            return row
+        reasons = await _why_not_created(conn, tenant_id, [job])
+        if job.id in reasons:
+            return reasons[job.id]
+    raise RuntimeError("a job's dedup_key stayed held by a job that could not be found")
+
+
+async def job_create_many_checked(
+    conn: AsyncConnection, tenant_id: uuid.UUID, batch: Sequence[PreparedJob]
+) -> dict[uuid.UUID, NotCreated]:
+    """Creates the jobs of the tenant that can be (one statement); returns, by job id, why the
+    others were not. Within the batch, the first job with a dedup_key wins. Run it in a
+    transaction: the caller rolls back when a target is missing."""
+    not_created: dict[uuid.UUID, NotCreated] = {}
+    pending = list(batch)
+    for _ in range(_CREATE_TRIES):
+        target_ids = list({job.new.target_id for job in pending})
+        parameters = {**_parameters(tenant_id, pending), "live_target_ids": target_ids}
+        created = set((await conn.execute(_CREATE_MANY, parameters)).scalars().all())
+        missed = [job for job in pending if job.id not in created]
+        if not missed:
+            return not_created
+        reasons = await _why_not_created(conn, tenant_id, missed)
+        not_created.update(reasons)
+        pending = [job for job in missed if job.id not in reasons]
+        if not pending:
+            return not_created
+    raise RuntimeError("a job's dedup_key stayed held by a job that could not be found")
+
+
+async def _why_not_created(
+    conn: AsyncConnection, tenant_id: uuid.UUID, missed: Sequence[PreparedJob]
+) -> dict[uuid.UUID, NotCreated]:
+    """For jobs the INSERT skipped: a missing target, else the holder of their dedup_key. A job
+    with neither (its holder finished meanwhile) is left out: create it again."""
+    target_ids = list({job.new.target_id for job in missed})
+    live = set((await conn.execute(_LIVE_TARGETS, {"tenant_id": tenant_id, "target_ids": target_ids})).scalars())
+    keys = list({job.new.dedup_key for job in missed if job.new.dedup_key is not None})
+    holders: dict[str, uuid.UUID] = {}
+    if keys:
+        found = await conn.execute(_DEDUP_HOLDERS, {"tenant_id": tenant_id, "dedup_keys": keys})
+        holders = {row.dedup_key: row.id for row in found}
+    reasons: dict[uuid.UUID, NotCreated] = {}
+    for job in missed:
+        if job.new.target_id not in live:
+            reasons[job.id] = NotCreated(target_missing=True)
+        elif job.new.dedup_key is not None and job.new.dedup_key in holders:
+            reasons[job.id] = NotCreated(holder=holders[job.new.dedup_key])
+    return reasons
