@@ -6,17 +6,22 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
+from types import FrameType
 
 import uvicorn
+import uvloop
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
 from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
 from app.logs import configure_logging, log_event
+from app.processes import LISTEN_FD_ENV, ChildSpec, Supervisor, attach_to_parent, child_env
 from app.runtime import Runtime
 from app.services.startup import start_services
 from app.settings import Settings
@@ -26,6 +31,7 @@ logger = logging.getLogger("app.cli")
 
 
 def main(argv: list[str] | None = None) -> None:
+    attach_to_parent()  # a child of `--processes`/`--workers`: stop with the parent
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -41,6 +47,10 @@ def main(argv: list[str] | None = None) -> None:
         settings.host = args.host
     if getattr(args, "port", None) is not None:
         settings.port = args.port
+    if getattr(args, "processes", None) is not None:
+        settings.scheduler_processes = args.processes
+    if getattr(args, "workers", None) is not None:
+        settings.api_workers = args.workers
     args.func(settings, args)
 
 
@@ -55,9 +65,16 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("--host", help="listen address (CRONHOOK_HOST, default 127.0.0.1)")
         cmd.add_argument("--port", type=int, help="listen port (CRONHOOK_PORT, default 8080)")
+        cmd.add_argument(
+            "--workers", type=_positive, help="API processes sharing the port (CRONHOOK_API_WORKERS, default 1)"
+        )
+        if name == "up":
+            _processes_arg(cmd)
         cmd.set_defaults(func=func)
 
-    sub.add_parser("scheduler", help="deliver due jobs").set_defaults(func=_cmd_scheduler)
+    scheduler = sub.add_parser("scheduler", help="deliver due jobs")
+    _processes_arg(scheduler)
+    scheduler.set_defaults(func=_cmd_scheduler)
     sub.add_parser("reaper", help="rescue expired leases").set_defaults(func=_cmd_reaper)
     sub.add_parser("migrate", help="apply database migrations").set_defaults(func=_cmd_migrate)
     sub.add_parser("openapi", help="print the OpenAPI document").set_defaults(func=_cmd_openapi)
@@ -74,6 +91,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= 64:
+        raise argparse.ArgumentTypeError("must be 1 to 64")
+    return number
+
+
+def _processes_arg(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument(
+        "--processes",
+        type=_positive,
+        help="scheduler processes, each a replica (CRONHOOK_SCHEDULER_PROCESSES, default: one per CPU)",
+    )
+
+
 def _warn_if_egress_opened(settings: Settings) -> None:
     """Deliveries (scheduler) and target URLs (API) may reach internal addresses: say so loudly."""
     policy = settings.egress_policy
@@ -87,11 +119,70 @@ def _warn_if_egress_opened(settings: Settings) -> None:
         )
 
 
+class _Server(uvicorn.Server):
+    """Exits normally after a graceful stop on SIGTERM/SIGINT. (uvicorn raises the signal
+    again once stopped, which makes the exit code -15 and skips atexit.)"""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
+def _scheduler_children(settings: Settings) -> list[ChildSpec]:
+    """`--processes N` above 1: N scheduler processes, each a replica of its own."""
+    count = settings.scheduler_processes
+    if count <= 1:
+        return []
+    return [ChildSpec(f"scheduler-{i}", ["scheduler"], child_env(dict(os.environ), i)) for i in range(1, count + 1)]
+
+
 def _serve(settings: Settings, run_services: bool) -> None:
+    """`api` and `up`: this process serves the API (and for `up` runs the reaper, and the
+    scheduler unless it has processes of its own); `--workers` adds API processes on the
+    same listening socket, `--processes` scheduler processes."""
     _warn_if_egress_opened(settings)
-    app = create_app(settings, run_services=run_services)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")
-    uvicorn.Server(config).run()
+    inherited = os.environ.pop(LISTEN_FD_ENV, None)
+    sockets: list[socket.socket] | None = None
+    children = _scheduler_children(settings) if run_services else []
+    if inherited is not None:
+        sockets = [socket.socket(fileno=int(inherited))]
+    elif settings.api_workers > 1:
+        listener = _listen(settings.host, settings.port)
+        sockets = [listener]
+        fd = listener.fileno()
+        for i in range(2, settings.api_workers + 1):
+            env = {**child_env(dict(os.environ), i), LISTEN_FD_ENV: str(fd)}
+            children.append(ChildSpec(f"api-{i}", ["api"], env, pass_fds=(fd,)))
+    supervisor = Supervisor(children, grace_s=settings.max_target_timeout_s) if children else None
+    app = create_app(
+        settings,
+        run_services=run_services,
+        scheduler_in_process=run_services and settings.scheduler_processes <= 1,
+        supervisor=supervisor,
+    )
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        lifespan="on",
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+    )
+    _Server(config).run(sockets=sockets)
+    if supervisor is not None and supervisor.failed:
+        raise SystemExit(1)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(2048)
+    listener.set_inheritable(True)
+    return listener
 
 
 def _cmd_up(settings: Settings, args: argparse.Namespace) -> None:
@@ -104,6 +195,10 @@ def _cmd_api(settings: Settings, args: argparse.Namespace) -> None:
 
 def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
     _warn_if_egress_opened(settings)
+    children = _scheduler_children(settings)
+    if children:
+        _supervise(settings, children)
+        return
 
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
         services = start_services(engine, settings, stop, reaper=False)
@@ -114,6 +209,23 @@ def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
             log_event(logger, "scheduler_stopped", replica_id=settings.replica_id)
 
     _run_role(settings, body)
+
+
+def _supervise(settings: Settings, children: list[ChildSpec]) -> None:
+    """This process holds the database runtime and runs `children` until SIGTERM/SIGINT or
+    until one of them exits; exit code 1 if any failed."""
+    supervisor = Supervisor(children, grace_s=settings.max_target_timeout_s)
+
+    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
+        supervisor.start()
+        try:
+            await supervisor.watch(stop)
+        finally:
+            await supervisor.stop()
+
+    _run_role(settings, body)
+    if supervisor.failed:
+        raise SystemExit(1)
 
 
 def _cmd_reaper(settings: Settings, args: argparse.Namespace) -> None:
@@ -178,4 +290,4 @@ def _run_role(
         finally:
             await runtime.stop()
 
-    asyncio.run(runner())
+    uvloop.run(runner())

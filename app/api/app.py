@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,6 +17,7 @@ from app import __version__
 from app.api.errors import CatchAll, install_error_handlers, problem_response
 from app.api.routes import cluster, dead_letters, health, job_batches, job_control, jobs, schedules, targets
 from app.api.routes.job_batches import BATCH_PATH
+from app.processes import Supervisor
 from app.runtime import Runtime
 from app.services.startup import start_services
 from app.settings import Settings
@@ -26,9 +28,19 @@ logger = logging.getLogger(__name__)
 BODY_OVERHEAD_BYTES = 64 * 1024
 
 
-def create_app(settings: Settings, engine: AsyncEngine | None = None, run_services: bool = False) -> FastAPI:
+def create_app(
+    settings: Settings,
+    engine: AsyncEngine | None = None,
+    run_services: bool = False,
+    *,
+    scheduler_in_process: bool | None = None,
+    supervisor: Supervisor | None = None,
+) -> FastAPI:
     """With `engine`, the caller owns the database (tests). Without, the app's lifespan starts
-    a Runtime, and with `run_services` also the scheduler and reaper (`cronhook up`)."""
+    a Runtime, and with `run_services` also the reaper and the scheduler (`cronhook up`; the
+    scheduler in this process unless `scheduler_in_process` is False), then `supervisor`'s
+    child processes (app/processes.py), which it stops before the runtime."""
+    in_process = run_services if scheduler_in_process is None else scheduler_in_process
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -38,12 +50,19 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None, run_servic
         runtime = Runtime(settings)
         app.state.engine = await runtime.start()
         stop = asyncio.Event()
-        services = start_services(app.state.engine, settings, stop, scheduler=run_services, reaper=run_services)
+        services = start_services(app.state.engine, settings, stop, scheduler=in_process, reaper=run_services)
+        watcher = None
+        if supervisor is not None:
+            supervisor.start()
+            watcher = asyncio.create_task(_stop_server_if_a_child_exits(supervisor, stop))
         try:
             yield
         finally:
             stop.set()
             try:
+                if supervisor is not None and watcher is not None:
+                    await watcher
+                    await supervisor.stop()
                 await services.stopped()
             finally:
                 await runtime.stop()
@@ -68,6 +87,12 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None, run_servic
     # Added last, so it wraps everything above: nothing unexpected escapes to the server.
     app.add_middleware(CatchAll)
     return app
+
+
+async def _stop_server_if_a_child_exits(supervisor: Supervisor, stop: asyncio.Event) -> None:
+    if await supervisor.watch(stop) is not None:
+        # Stop this server the way SIGTERM does; the lifespan then stops the other children.
+        signal.raise_signal(signal.SIGTERM)
 
 
 class BodySizeLimit:

