@@ -77,6 +77,8 @@ ROLE_ENV = {
     "CRONHOOK_REAPER_INTERVAL_S": "0.5",
     # This benchmark migrates before starting them.
     "CRONHOOK_AUTO_MIGRATE": "false",
+    # One process per replica: the bench names and kills replicas one by one.
+    "CRONHOOK_SCHEDULER_PROCESSES": "1",
     "CRONHOOK_LOG_LEVEL": "WARNING",
     # The receiver is on loopback, which the egress policy refuses by default.
     "CRONHOOK_EGRESS_ALLOW": "127.0.0.0/8",

@@ -26,6 +26,9 @@ def base_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CRONHOOK_")}
     # Receivers listen on 127.0.0.1, which the egress policy refuses by default.
     env["CRONHOOK_EGRESS_ALLOW"] = LOOPBACK_ALLOWED
+    # One process per command: tests name replicas and signal them one by one
+    # (tests/e2e/test_children.py runs several).
+    env["CRONHOOK_SCHEDULER_PROCESSES"] = "1"
     env.update(overrides)
     return env
 
