@@ -25,8 +25,12 @@ def create_engine(raw_url: str, pool_size: int = 10, idle_in_transaction_timeout
     return create_async_engine(
         normalize_url(raw_url),
         connect_args={"server_settings": server_settings},
-        pool_size=pool_size,
-        max_overflow=pool_size,
+        # Up to twice `pool_size` connections, all kept open: overflow connections would be
+        # closed on return whenever more than `pool_size` are idle, so a steady load above
+        # it (32 concurrent API requests) opened and closed a PostgreSQL session (a backend
+        # process) per request.
+        pool_size=2 * pool_size,
+        max_overflow=0,
         # No pre-ping: it cost three round trips (BEGIN, ";", ROLLBACK) per checkout. A
         # connection found dead fails its statement as a transient error: the services back
         # off and retry, and the API retries the key look-up that opens every request

@@ -6,11 +6,12 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
+from fastapi.responses import JSONResponse
 
 from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job
 from app.api.deps import Conn, CreateConn, Creator, SettingsDep, TenantId
 from app.api.errors import Problem
-from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
+from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public
 from app.api.schemas.pages import Page, page_of
 from app.domain.job_plan import plan_create
@@ -23,20 +24,19 @@ from app.store.runs import run_list_for_job
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=201, operation_id="createJob", responses=REPLAYED_RESPONSE_DOC)
+@router.post("", status_code=201, operation_id="createJob", response_model=JobPublic, responses=REPLAYED_RESPONSE_DOC)
 async def create_job(
     body: JobCreate,
     creator: Creator,
     conn: CreateConn,
     settings: SettingsDep,
-    response: Response,
     idempotency_key: IdempotencyKey = None,
-) -> JobPublic:
+) -> Response:
     # Round trips without a key: the key look-up (with the clock), then one INSERT that
     # share-locks the target and honours dedup_key, both in autocommit.
     idempotent = IdempotentRequest(conn, creator.tenant_id, "POST /v1/jobs", idempotency_key, body)
     if (replay := await idempotent.begin()) is not None:
-        return JobPublic.model_validate(replay.apply(response))
+        return JSONResponse(replay.body, status_code=replay.status_code, headers={REPLAYED_HEADER: "true"})
     payload = ensure_payload_fits(body.payload, settings)
     new = plan_create(body, creator.tenant_id, settings.default_retry_policy, creator.now)
     created = await job_create_checked(conn, creator.tenant_id, PreparedJob.of(new, payload))
@@ -44,7 +44,8 @@ async def create_job(
         raise not_created_problem(created)
     job = job_public(created)
     await idempotent.finish(201, job)
-    return job
+    # Serialised here: the model was validated when built, FastAPI would validate it again.
+    return Response(job.model_dump_json(), status_code=201, media_type="application/json")
 
 
 def not_created_problem(reason: NotCreated, field_prefix: str = "") -> Problem:
