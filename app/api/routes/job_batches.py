@@ -22,7 +22,7 @@ from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, Idempote
 from app.api.schemas.job_batches import JobBatchCreate, JobBatchResult
 from app.domain.job_plan import PlanError, plan_create
 from app.domain.schedule import ScheduleError
-from app.store.job_inserts import PreparedJob, job_create_many_checked
+from app.store.job_inserts import PreparedJob, job_create_many_checked, new_ids
 from app.store.targets import target_lock_live_many
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -54,11 +54,11 @@ async def create_jobs(
         return JSONResponse(replay.body, status_code=replay.status_code, headers={REPLAYED_HEADER: "true"})
     defaults = settings.default_retry_policy
     batch: list[PreparedJob] = []
-    for index, item in enumerate(body.jobs):
+    for index, (item, job_id) in enumerate(zip(body.jobs, new_ids(len(body.jobs)), strict=True)):
         prefix = f"jobs[{index}]."
         try:
             payload = ensure_payload_fits(item.payload, settings, field=f"{prefix}payload")
-            batch.append(PreparedJob.of(plan_create(item, tenant_id, defaults, caller.now), payload))
+            batch.append(PreparedJob.of(plan_create(item, tenant_id, defaults, caller.now), payload, job_id))
         except ScheduleError as exc:
             raise ScheduleError(prefix + exc.field, exc.message) from None
         except PlanError as exc:
