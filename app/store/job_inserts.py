@@ -1,12 +1,13 @@
-"""Creating jobs: one INSERT ... SELECT FROM unnest(arrays) built once, for one job or a
-thousand, so the compiled cache always hits and a batch costs no per-row Python SQL.
+"""Creating jobs, with statements built once (the compiled cache always hits; a batch costs
+no per-row Python SQL): INSERT ... SELECT FROM unnest(one typed array per column) for any
+number of jobs, and a single-row form with plain parameters for the API's single create.
 
 `job_insert_many` writes rows as they come (triggers, replays, tests: the caller has already
-share-locked the targets). `job_create_checked` is the API's create: the same INSERT, with
-the target's share lock (a live target of the tenant) and the tenant's `dedup_key` rule
-folded in (ON CONFLICT DO NOTHING against the partial unique index), so a create is one
-statement; a row that did not go in is explained afterwards (no target, or the job holding
-its key).
+share-locked the targets). `job_create_checked` (one job) and `job_create_many_checked` (a
+batch) are the API's creates: the target's share lock (a live target of the tenant) and the
+tenant's `dedup_key` rule (ON CONFLICT DO NOTHING against the partial unique index) are
+folded into the INSERT, so a create is one statement; a row that did not go in is explained
+afterwards (no target, or the job holding its key).
 """
 
 from __future__ import annotations
