@@ -164,8 +164,13 @@ def contract(app: FastAPI, server_url: str) -> dict[str, Any]:
 
 
 def _header(description: str, example: str) -> dict[str, Any]:
-    return {"in": "header", "required": True, "schema": {"type": "string"}, "description": description,
-            "example": example}
+    return {
+        "in": "header",
+        "required": True,
+        "schema": {"type": "string"},
+        "description": description,
+        "example": example,
+    }
 
 
 def webhook_operation() -> dict[str, Any]:
@@ -182,7 +187,9 @@ def webhook_operation() -> dict[str, Any]:
         ),
         "cronhook-job-id": _header("The job (uuid)", "3f8e2a4c-0d1b-4a7e-9b2c-5d6e7f8a9b0c"),
         "cronhook-attempt": _header("Attempt number of this occurrence, from 1", "1"),
-        "cronhook-scheduled-for": _header("Nominal fire time of the occurrence (RFC 3339, UTC)", "2026-01-01T00:00:00Z"),
+        "cronhook-scheduled-for": _header(
+            "Nominal fire time of the occurrence (RFC 3339, UTC)", "2026-01-01T00:00:00Z"
+        ),
     }
     return {
         "post": {
@@ -195,8 +202,11 @@ def webhook_operation() -> dict[str, Any]:
             "parameters": [{"name": name, **spec} for name, spec in headers.items()],
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": {"anyOf": [{"$ref": "#/components/schemas/Payload"},
-                                                                      {"type": "null"}]}}},
+                "content": {
+                    "application/json": {
+                        "schema": {"anyOf": [{"$ref": "#/components/schemas/Payload"}, {"type": "null"}]}
+                    }
+                },
                 "description": "The job's payload, as given when it was created",
             },
             "responses": {"2XX": {"description": "Delivered"}},
