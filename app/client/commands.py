@@ -121,18 +121,18 @@ def dead_letters_replay(api: ApiClient, args: argparse.Namespace) -> tuple[Any, 
         return _jobs(api.call("POST", f"/v1/dead-letters/{args.id}/replay")), JOB_DETAIL
     if not args.all:
         raise ApiError("name a dead letter, or pass --all to replay every one not yet replayed")
-    body: dict[str, Any] = {"limit": args.limit, "rate_per_s": args.rate}
+    body: dict[str, Any] = {"limit": args.limit, "rate_per_s": args.rate, "include_replayed": args.include_replayed}
     for field in ("job_id", "target_id"):
         if getattr(args, field) is not None:
             body[field] = getattr(args, field)
     result = api.call("POST", "/v1/dead-letters/replay", json=body)
-    return result["replayed"] if not args.json else result, ("dead_letter_id", "job_id", "next_run_at")
+    return (result if args.json else result["replayed"]), ("dead_letter_id", "job_id", "next_run_at")
 
 
 def schedules_preview(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
     params = {"cron": args.cron, "timezone": args.timezone, "count": args.count}
     result = api.call("GET", "/v1/schedules/preview", params=params)
-    return result["fire_times"] if not args.json else result, ("at", "utc", "utc_offset")
+    return (result if args.json else result["fire_times"]), ("at", "utc", "utc_offset")
 
 
 def _verb(group: Any, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
@@ -196,6 +196,7 @@ def add_client_commands(sub: Any) -> None:
     replay.add_argument("--all", action="store_true", help="every dead letter not replayed yet (up to --limit)")
     replay.add_argument("--job", dest="job_id")
     replay.add_argument("--target", dest="target_id")
+    replay.add_argument("--include-replayed", action="store_true", help="also those replayed before")
     replay.add_argument("--limit", type=int, default=100)
     replay.add_argument("--rate", type=float, default=10.0, metavar="PER_S")
 
@@ -215,3 +216,9 @@ def run_client_command(args: argparse.Namespace) -> int:
         return 1
     render(data, columns, sys.stdout, args.json)
     return 0
+
+
+def client_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="cronhook", description="cronhook client verbs")
+    add_client_commands(parser.add_subparsers(dest="command", required=True))
+    return run_client_command(parser.parse_args(argv))
