@@ -15,7 +15,12 @@ import sys
 from contextvars import ContextVar
 from typing import Any, Literal
 
-_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "request_id"}
+_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "request_id",
+    "color_message",
+}
 # The request being served, if any (app/api/observability.py sets it).
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 # Terminal colour codes that libraries put into their messages; never inside a JSON line.
@@ -38,7 +43,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": _ANSI.sub("", record.getMessage()),
         }
-        entry.update(_fields(record))
+        entry.update({k: _ANSI.sub("", v) if isinstance(v, str) else v for k, v in _fields(record).items()})
         if record.exc_info:
             entry["exc"] = _ANSI.sub("", self.formatException(record.exc_info))
         return json.dumps(entry, default=str)

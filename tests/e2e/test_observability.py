@@ -71,7 +71,9 @@ async def test_metrics_move_with_real_deliveries_and_requests_carry_ids(
     }
     assert all(isinstance(d["duration_ms"], int) and d["level"] == "info" for d in deliveries)
     log_text = procs.log("up")
-    assert server.key not in log_text and "\x1b[" not in log_text
+    assert server.key not in log_text
+    assert "\\u001b" not in log_text and "\x1b" not in log_text  # no terminal colours in JSON lines
+    assert any(line["event"].startswith("Uvicorn running on") for line in lines)
 
 
 async def test_a_scheduler_serves_metrics_and_health_on_its_own_port(db_url: str, procs: Processes) -> None:
