@@ -24,9 +24,9 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
-from prometheus_client import disable_created_metrics
 from prometheus_client import multiprocess as _multiprocess
 
 from app.domain.job import AttemptOutcome, ClaimedJob, RunOutcome
