@@ -76,3 +76,13 @@ def test_the_webhook_request_is_documented() -> None:
     headers = {p["name"] for p in webhook["parameters"] if p["in"] == "header"}
     assert {"webhook-id", "webhook-timestamp", "webhook-signature", "cronhook-job-id", "cronhook-attempt"} <= headers
     assert "application/json" in webhook["requestBody"]["content"]
+
+
+def test_delivery_lines_are_capped_per_second_and_say_what_was_dropped() -> None:
+    from app.metrics import RateLimitedLog
+
+    limit = RateLimitedLog(per_s=100)
+    verdicts = [limit.allow(10.0 + i / 1000) for i in range(250)]  # 250 within one second
+    assert sum(allowed for allowed, _ in verdicts) == 100
+    assert limit.allow(11.0) == (True, 150)  # the next second's first line reports the drop
+    assert limit.allow(11.5) == (True, 0)
