@@ -116,9 +116,19 @@ def _problem_response(status: int) -> dict[str, Any]:
     return response
 
 
-def _strip_defaults(schema: dict[str, Any]) -> None:
+# PATCH fields that cannot be removed: `null` is a 422 (app/api/routes/targets.py, job_control.py).
+NOT_NULLABLE_ON_UPDATE = {"TargetUpdate": ("name", "url", "timeout_s"), "JobUpdate": ("target_id",)}
+
+
+def _strip_defaults(name: str, schema: dict[str, Any]) -> None:
+    """Absent means unchanged, so no defaults; and `null` only where it removes something."""
     for prop in schema.get("properties", {}).values():
         prop.pop("default", None)
+    for field in NOT_NULLABLE_ON_UPDATE.get(name, ()):
+        prop = schema["properties"][field]
+        branches = [b for b in prop.pop("anyOf", []) if b.get("type") != "null"]
+        if len(branches) == 1:
+            prop.update(branches[0])
 
 
 def _type_payloads(schemas: dict[str, Any]) -> None:
@@ -151,7 +161,7 @@ def contract(app: FastAPI, server_url: str) -> dict[str, Any]:
     schemas["ProblemFieldError"] = FIELD_ERROR_SCHEMA
     for name in UPDATE_MODELS:
         if name in schemas:
-            _strip_defaults(schemas[name])
+            _strip_defaults(name, schemas[name])
     _type_payloads(schemas)
     for path_item in doc["paths"].values():
         for operation in path_item.values():

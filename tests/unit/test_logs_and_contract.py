@@ -67,6 +67,9 @@ def test_update_models_have_no_defaults_and_payloads_are_objects() -> None:
     schemas = _contract()["components"]["schemas"]
     for name in ("JobUpdate", "TargetUpdate"):
         assert all("default" not in prop for prop in schemas[name]["properties"].values()), name
+    # `null` only where it removes something: a target's name cannot be removed, its headers can.
+    assert schemas["TargetUpdate"]["properties"]["name"]["type"] == "string"
+    assert {"type": "null"} in schemas["TargetUpdate"]["properties"]["headers"]["anyOf"]
     assert schemas["Payload"]["type"] == "object"
     assert schemas["JobCreate"]["properties"]["payload"]["anyOf"][0] == {"$ref": "#/components/schemas/Payload"}
 
