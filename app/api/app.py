@@ -21,6 +21,7 @@ from app.api.routes import cluster, dead_letters, health, job_control, jobs, met
 from app.runtime import Runtime
 from app.services.startup import start_services
 from app.settings import Settings
+from app.ui.routes import mount_console
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None, run_servic
     install_error_handlers(app)
     for module in (targets, jobs, job_control, dead_letters, schedules, cluster, health, metrics):
         app.include_router(module.router)
-    from app.ui.routes import mount_console
-
     mount_console(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES)
     # Added after BodySizeLimit, so it wraps everything above: nothing unexpected escapes to the server.

@@ -29,13 +29,12 @@ NAV = (("jobs", "Jobs"), ("dead-letters", "Dead letters"), ("targets", "Targets"
 
 
 def _page(request: Request, page: str, title: str, **context: object) -> HTMLResponse:
-    response = templates.TemplateResponse(
+    return templates.TemplateResponse(
         request,
         f"{page}.html",
         {"page": page, "title": title, "nav": NAV, "version": __version__, **context},
         headers=SECURITY_HEADERS,
     )
-    return response
 
 
 @router.get("", response_model=None)
