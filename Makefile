@@ -2,22 +2,31 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+INPUTS_SUM := $(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -f1)
+# `make run` needs only the service; `make test` adds the test and lint tools. Both install
+# the exact versions in requirements.lock (what the image and CI use).
+RUN_STAMP := $(VENV)/.installed-run-$(INPUTS_SUM)
+STAMP := $(VENV)/.installed-dev-$(INPUTS_SUM)
 
-.PHONY: run test lint typecheck pytest openapi bench clean
+.PHONY: run test lint typecheck pytest openapi bench lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+$(RUN_STAMP): $(BIN)/python pyproject.toml requirements.lock
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e .
+	rm -f $(VENV)/.installed-run-*
+	touch $(RUN_STAMP)
+
+$(STAMP): $(BIN)/python pyproject.toml requirements.lock
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
 	rm -f $(VENV)/.installed-*
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 # The README tour's receiver is on 127.0.0.1, which deliveries may not reach by default:
 # allow loopback here (a WARNING at start-up says so) unless CRONHOOK_EGRESS_ALLOW is set.
-run: $(STAMP)
+run: $(RUN_STAMP)
 	CRONHOOK_EGRESS_ALLOW="$${CRONHOOK_EGRESS_ALLOW-127.0.0.0/8}" $(BIN)/cronhook up
 
 test: $(STAMP) lint typecheck pytest
@@ -34,6 +43,13 @@ pytest: $(STAMP)
 
 openapi: $(STAMP)
 	$(BIN)/cronhook openapi > openapi/openapi.json
+
+# The runtime set, resolved afresh in a clean virtualenv (without the embedded PostgreSQL).
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet $$($(PYTHON) -c "import tomllib; print(' '.join(d for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if not d.startswith('pixeltable')))")
+	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/pip freeze --exclude pip --exclude setuptools --exclude wheel; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 
 bench: $(STAMP)
 	$(BIN)/python bench/dispatch.py

@@ -1,5 +1,5 @@
 """Allows `python -m app`."""
 
-from app.cli import main
+from app.entry import main
 
 main()

@@ -18,11 +18,14 @@ import uvloop
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app import __version__
 from app.api.app import create_app
+from app.client.commands import add_client_commands, run_client_command
 from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
 from app.logs import configure_logging, log_event
 from app.processes import LISTEN_FD_ENV, ChildSpec, Supervisor, attach_to_parent, child_env
 from app.runtime import Runtime
+from app.services.probes import PortInUse, ensure_port_free, start_probe_server
 from app.services.startup import start_services
 from app.settings import Settings
 from app.store.tenants import api_key_create, tenant_ensure
@@ -34,6 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     attach_to_parent()  # a child of `--processes`/`--workers`: stop with the parent
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "client", False):
+        # Client verbs talk to a server (CRONHOOK_URL, CRONHOOK_API_KEY); no service settings.
+        raise SystemExit(run_client_command(args))
     try:
         settings = Settings()
     except ValidationError as exc:
@@ -42,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
             name = f"CRONHOOK_{field.upper()}" if field else "settings"
             print(f"cronhook: invalid {name}: {error['msg']}", file=sys.stderr)  # noqa: T201
         raise SystemExit(2) from None
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     if getattr(args, "host", None):
         settings.host = args.host
     if getattr(args, "port", None) is not None:
@@ -51,11 +57,16 @@ def main(argv: list[str] | None = None) -> None:
         settings.scheduler_processes = args.processes
     if getattr(args, "workers", None) is not None:
         settings.api_workers = args.workers
-    args.func(settings, args)
+    try:
+        args.func(settings, args)
+    except PortInUse as exc:
+        print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
+        raise SystemExit(1) from None
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cronhook", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"cronhook {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     for name, func, help_text in (
@@ -83,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     create = keys.add_parser("create", help="create a key and print it (only the key) once")
     create.add_argument("--tenant", required=True, help="tenant name; created if new")
     create.set_defaults(func=_cmd_api_key_create)
+
+    health = sub.add_parser("health", help="exit 0 when the local API or role (CRONHOOK_METRICS_PORT) answers /healthz")
+    health.add_argument("--url", help="default: http://127.0.0.1:<CRONHOOK_METRICS_PORT, else CRONHOOK_PORT>")
+    health.set_defaults(func=_cmd_health)
+    add_client_commands(sub)
 
     check = sub.add_parser("cron-check", help="list cron jobs whose fire times changed with Vixie cron semantics")
     check.add_argument("--fires", type=fires_arg, default=DEFAULT_FIRES, help="fire times compared per job (1-1000)")
@@ -140,6 +156,7 @@ def _serve(settings: Settings, run_services: bool) -> None:
     """`api` and `up`: this process serves the API (and for `up` runs the reaper, and the
     scheduler unless it has processes of its own); `--workers` adds API processes on the
     same listening socket, `--processes` scheduler processes."""
+    ensure_port_free(settings.host, settings.port, "--port or CRONHOOK_PORT")
     _warn_if_egress_opened(settings)
     inherited = os.environ.pop(LISTEN_FD_ENV, None)
     sockets: list[socket.socket] | None = None
@@ -194,6 +211,7 @@ def _cmd_api(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
+    ensure_port_free(settings.metrics_host, settings.metrics_port, "CRONHOOK_METRICS_PORT")
     _warn_if_egress_opened(settings)
     children = _scheduler_children(settings)
     if children:
@@ -202,10 +220,13 @@ def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
 
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
         services = start_services(engine, settings, stop, reaper=False)
+        probes = await start_probe_server(settings, "scheduler")
         log_event(logger, "scheduler_started", replica_id=settings.replica_id)
         try:
             await services.stopped()
         finally:
+            if probes is not None:
+                await probes.cleanup()
             log_event(logger, "scheduler_stopped", replica_id=settings.replica_id)
 
     _run_role(settings, body)
@@ -218,10 +239,14 @@ def _supervise(settings: Settings, children: list[ChildSpec]) -> None:
 
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
         supervisor.start()
+        # The children's metrics, summed (PROMETHEUS_MULTIPROC_DIR), and liveness.
+        probes = await start_probe_server(settings, "scheduler")
         try:
             await supervisor.watch(stop)
         finally:
             await supervisor.stop()
+            if probes is not None:
+                await probes.cleanup()
 
     _run_role(settings, body)
     if supervisor.failed:
@@ -229,10 +254,17 @@ def _supervise(settings: Settings, children: list[ChildSpec]) -> None:
 
 
 def _cmd_reaper(settings: Settings, args: argparse.Namespace) -> None:
+    ensure_port_free(settings.metrics_host, settings.metrics_port, "CRONHOOK_METRICS_PORT")
+
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
         services = start_services(engine, settings, stop, scheduler=False)
+        probes = await start_probe_server(settings, "reaper")
         log_event(logger, "reaper_started")
-        await services.stopped()
+        try:
+            await services.stopped()
+        finally:
+            if probes is not None:
+                await probes.cleanup()
 
     _run_role(settings, body)
 
@@ -242,6 +274,18 @@ def _cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
         log_event(logger, "migrated")
 
     _run_role(settings, body, migrate=True)
+
+
+def _cmd_health(settings: Settings, args: argparse.Namespace) -> None:
+    import httpx
+
+    url = args.url or f"http://127.0.0.1:{settings.metrics_port or settings.port}"
+    try:
+        ok = httpx.get(f"{url.rstrip('/')}/healthz", timeout=4).status_code == 200
+    except httpx.HTTPError as exc:
+        print(f"cronhook: {url} is not answering: {type(exc).__name__}", file=sys.stderr)  # noqa: T201
+        ok = False
+    raise SystemExit(0 if ok else 1)
 
 
 def _cmd_openapi(settings: Settings, args: argparse.Namespace) -> None:

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from app.logs import log_event
+from app.metrics import process_exited
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,14 @@ def child_env(base: dict[str, str], index: int) -> dict[str, str]:
     """The environment of child `index` (1-based): one process per child, no migrations or
     bootstrap key (the parent did both), and its own replica id."""
     env = {k: v for k, v in base.items() if k != "CRONHOOK_BOOTSTRAP_API_KEY"}
-    env.update(CRONHOOK_SCHEDULER_PROCESSES="1", CRONHOOK_API_WORKERS="1", CRONHOOK_AUTO_MIGRATE="false")
+    # The parent serves the probes and the metrics of all (PROMETHEUS_MULTIPROC_DIR): a child
+    # binding the same port would fail.
+    env.update(
+        CRONHOOK_SCHEDULER_PROCESSES="1",
+        CRONHOOK_API_WORKERS="1",
+        CRONHOOK_AUTO_MIGRATE="false",
+        CRONHOOK_METRICS_PORT="0",
+    )
     replica_id = base.get("CRONHOOK_REPLICA_ID")
     if replica_id:
         env["CRONHOOK_REPLICA_ID"] = f"{replica_id}-{index}"
@@ -119,6 +127,8 @@ class Children:
                 log_event(logger, "child_killed", logging.WARNING, child=name, pid=proc.pid)
                 proc.kill()
                 codes[name] = proc.wait()
+        for proc in self.procs.values():
+            process_exited(proc.pid)  # its live gauges leave the shared metrics
         for name, code in codes.items():
             level = logging.INFO if code == 0 else logging.ERROR
             log_event(logger, "child_stopped", level, child=name, exit_code=code)

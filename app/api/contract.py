@@ -1,0 +1,224 @@
+"""The published OpenAPI contract: FastAPI's document, corrected where the routes alone cannot
+say what the server does.
+
+Every error answer is RFC 9457 problem+json (app/api/errors.py), so each operation declares
+the one `Problem` schema under `application/problem+json` for every error status it can
+return, instead of FastAPI's `HTTPValidationError`. Update (PATCH) models carry no defaults:
+an absent field is left unchanged. `servers` is set, and the webhook request cronhook sends
+is documented under `webhooks`, so receivers can be generated from the same document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from app.api.errors import PROBLEM_JSON
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem",
+    "type": "object",
+    "description": "RFC 9457 problem details. `errors` names the offending fields, when there are any.",
+    "required": ["type", "title", "status", "detail", "instance"],
+    "properties": {
+        "type": {"type": "string", "description": "urn:cronhook:problem:<slug>, or about:blank"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "instance": {"type": "string", "description": "The request path"},
+        "errors": {
+            "type": "array",
+            "items": {"$ref": "#/components/schemas/ProblemFieldError"},
+        },
+    },
+    # Some problems carry extra members (a 409 names the job's `state`, a duplicate its `job_id`).
+    "additionalProperties": True,
+}
+FIELD_ERROR_SCHEMA: dict[str, Any] = {
+    "title": "ProblemFieldError",
+    "type": "object",
+    "required": ["field", "message"],
+    "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+}
+PAYLOAD_SCHEMA: dict[str, Any] = {
+    "title": "Payload",
+    "type": "object",
+    "additionalProperties": True,
+    "description": "A JSON object, sent as the webhook's body",
+}
+
+ERROR_DESCRIPTIONS = {
+    400: "Malformed request: the body is not JSON, or a cursor is invalid",
+    401: "Missing or invalid API key",
+    403: "The admin key is needed, or the admin API is disabled",
+    404: "Not found (or owned by another tenant)",
+    409: "Conflict with the resource's state",
+    413: "Request body too large",
+    422: "Invalid input; `errors` names each field",
+    429: "Too many requests; see Retry-After",
+    503: "The database is unavailable; retry after Retry-After",
+}
+
+# Conflicts only some operations can have: a job's state, a dedup_key, an Idempotency-Key
+# reused with another body, a target that jobs still use.
+CONFLICTS = frozenset(
+    {
+        "createJob",
+        "createTarget",
+        "cancelJob",
+        "pauseJob",
+        "resumeJob",
+        "triggerJob",
+        "updateJob",
+        "deleteTarget",
+    }
+)
+ADMIN_OPERATIONS = frozenset({"getCluster"})
+# Operations whose 422 can come only from the body or query, never from a path parameter.
+UPDATE_MODELS = ("JobUpdate", "TargetUpdate", "DeadLetterReplay")
+
+
+def error_statuses(operation: dict[str, Any]) -> list[int]:
+    """The error statuses an operation can answer with, from what it takes."""
+    op_id = operation.get("operationId", "")
+    params = operation.get("parameters", [])
+    statuses = {503}
+    if operation.get("security"):
+        statuses.add(401)
+    if op_id in ADMIN_OPERATIONS:
+        statuses |= {401, 403}
+    if any(p.get("in") == "path" for p in params):
+        statuses |= {404, 422}
+    if params:
+        statuses.add(422)
+    if any(p.get("name") == "cursor" for p in params):
+        statuses.add(400)
+    if "requestBody" in operation:
+        statuses |= {400, 413, 422}
+    if op_id in CONFLICTS:
+        statuses.add(409)
+    if not operation.get("security") and op_id not in ADMIN_OPERATIONS:
+        statuses.discard(503)  # the probes answer their own way
+    return sorted(statuses)
+
+
+def _problem_response(status: int) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": ERROR_DESCRIPTIONS[status],
+        "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+    if status in (429, 503):
+        response["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds"}}
+    if status == 401:
+        response["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+    return response
+
+
+# PATCH fields that cannot be removed: `null` is a 422 (app/api/routes/targets.py, job_control.py).
+NOT_NULLABLE_ON_UPDATE = {"TargetUpdate": ("name", "url", "timeout_s"), "JobUpdate": ("target_id",)}
+
+
+def _strip_defaults(name: str, schema: dict[str, Any]) -> None:
+    """Absent means unchanged, so no defaults; and `null` only where it removes something."""
+    for prop in schema.get("properties", {}).values():
+        prop.pop("default", None)
+    for field in NOT_NULLABLE_ON_UPDATE.get(name, ()):
+        prop = schema["properties"][field]
+        branches = [b for b in prop.pop("anyOf", []) if b.get("type") != "null"]
+        if len(branches) == 1:
+            prop.update(branches[0])
+
+
+def _type_payloads(schemas: dict[str, Any]) -> None:
+    schemas.pop("JsonValue", None)
+    for schema in schemas.values():
+        prop = schema.get("properties", {}).get("payload")
+        if prop is None:
+            continue
+        description = prop.get("description")
+        prop.clear()
+        prop["anyOf"] = [{"$ref": "#/components/schemas/Payload"}, {"type": "null"}]
+        if description:
+            prop["description"] = description
+    schemas["Payload"] = PAYLOAD_SCHEMA
+
+
+def contract(app: FastAPI, server_url: str) -> dict[str, Any]:
+    doc = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+        openapi_version="3.1.0",
+        servers=[{"url": server_url, "description": "cronhook (CRONHOOK_HOST:CRONHOOK_PORT)"}],
+    )
+    schemas: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    schemas["Problem"] = PROBLEM_SCHEMA
+    schemas["ProblemFieldError"] = FIELD_ERROR_SCHEMA
+    for name in UPDATE_MODELS:
+        if name in schemas:
+            _strip_defaults(name, schemas[name])
+    _type_payloads(schemas)
+    for path_item in doc["paths"].values():
+        for operation in path_item.values():
+            responses = operation["responses"]
+            responses.pop("422", None)
+            for status in error_statuses(operation):
+                responses[str(status)] = _problem_response(status)
+    doc["webhooks"] = {"delivery": webhook_operation()}
+    return doc
+
+
+def _header(description: str, example: str) -> dict[str, Any]:
+    return {
+        "in": "header",
+        "required": True,
+        "schema": {"type": "string"},
+        "description": description,
+        "example": example,
+    }
+
+
+def webhook_operation() -> dict[str, Any]:
+    headers = {
+        "webhook-id": _header(
+            "Standard Webhooks message id: the same for every attempt of one occurrence (use it to deduplicate)",
+            "msg_2b7c1f0e9d3a4c5b8e6f7a1b2c3d4e5f",
+        ),
+        "webhook-timestamp": _header("Unix seconds when the attempt was made", "1767225600"),
+        "webhook-signature": _header(
+            "`v1,<base64 HMAC-SHA256>` over `<webhook-id>.<webhook-timestamp>.<body>` keyed with the target's secret "
+            "(whsec_<base64 key>), per the Standard Webhooks specification",
+            "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4=",
+        ),
+        "cronhook-job-id": _header("The job (uuid)", "3f8e2a4c-0d1b-4a7e-9b2c-5d6e7f8a9b0c"),
+        "cronhook-attempt": _header("Attempt number of this occurrence, from 1", "1"),
+        "cronhook-scheduled-for": _header(
+            "Nominal fire time of the occurrence (RFC 3339, UTC)", "2026-01-01T00:00:00Z"
+        ),
+    }
+    return {
+        "post": {
+            "operationId": "receiveWebhook",
+            "summary": "The request cronhook POSTs to a target when a job fires",
+            "description": "Sent as `Content-Type: application/json` with the target's own extra headers. A 2xx answer "
+            "is success; 5xx, 408, 425, 429 and 3xx (redirects are never followed) are retried with backoff, "
+            "unless the target sets `retry_on_status`; other statuses dead-letter the occurrence. At most 64 KB "
+            "of the answer is read, within the target's `timeout_s`.",
+            "parameters": [{"name": name, **spec} for name, spec in headers.items()],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"anyOf": [{"$ref": "#/components/schemas/Payload"}, {"type": "null"}]}
+                    }
+                },
+                "description": "The job's payload, as given when it was created",
+            },
+            "responses": {"2XX": {"description": "Delivered"}},
+        }
+    }

@@ -1,0 +1,39 @@
+"""The `cronhook` executable. Client verbs (jobs, targets, dead-letters, schedules) import
+only the small HTTP client, so they start in a fraction of the time the service roles need."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+
+CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "schedules"})
+# Roles that may run several processes (`--processes`, `--workers`) behind one /metrics.
+SERVICE_ROLES = frozenset({"up", "api", "scheduler"})
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def _share_metrics_between_processes() -> None:
+    """Before prometheus_client is imported: a fresh directory where this process and every
+    child it starts write their samples, so any of them serves the sum (app/metrics.py).
+    The top process owns it and removes it at exit; children inherit the variable."""
+    if os.environ.get(MULTIPROC_ENV):
+        return
+    directory = tempfile.mkdtemp(prefix="cronhook-metrics-")
+    os.environ[MULTIPROC_ENV] = directory
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in CLIENT_VERBS:
+        from app.client.commands import client_main
+
+        raise SystemExit(client_main(args))
+    if args and args[0] in SERVICE_ROLES:
+        _share_metrics_between_processes()
+    from app.cli import main as service_main
+
+    service_main(args)

@@ -1,0 +1,187 @@
+"""Prometheus metrics: every metric cronhook exports, the cheap calls the hot paths make, and
+the exposition (GET /metrics on the API, and the scheduler's and reaper's metrics port).
+
+Label values come from small closed sets (outcomes, status classes, route templates), never
+from job or tenant ids. The delivery path uses children bound once at import, so recording a
+delivery is a few additions.
+
+Several processes (`--processes`, gunicorn-style workers): set PROMETHEUS_MULTIPROC_DIR to an
+empty directory before the processes start; each writes its samples there and any of them
+serves the sum. Gauges are then kept per live process (`pid` label).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import time
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client import multiprocess as _multiprocess
+
+from app.domain.job import AttemptOutcome, ClaimedJob, RunOutcome
+from app.logs import log_event
+
+logger = logging.getLogger("app.delivery")
+# `*_created` timestamps double the series and no dashboard here reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")
+_DELIVERY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LATENESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
+
+DELIVERIES = Counter(
+    "cronhook_deliveries_total", "Delivery attempts by outcome and HTTP status class", ["outcome", "status_class"]
+)
+DELIVERY_SECONDS = Histogram(
+    "cronhook_delivery_duration_seconds", "Time from the POST to its answer (or failure)", buckets=_DELIVERY_BUCKETS
+)
+LATENESS_SECONDS = Histogram(
+    "cronhook_delivery_lateness_seconds",
+    "First attempts: the POST's start minus the occurrence's nominal fire time",
+    buckets=_LATENESS_BUCKETS,
+)
+RETRIES_SCHEDULED = Counter("cronhook_retries_scheduled_total", "Failed attempts that will be retried")
+DEAD_LETTERS = Counter("cronhook_dead_letters_total", "Occurrences moved to the dead-letter queue", ["source"])
+FENCED = Counter("cronhook_fenced_outcomes_total", "Outcomes not applied because the lease was lost meanwhile")
+LEASES_REAPED = Counter("cronhook_leases_reaped_total", "Expired job leases rescued by the reaper")
+PARTITIONS_OWNED = Gauge(
+    "cronhook_partitions_owned", "Partitions this replica holds", ["replica"], multiprocess_mode="liveall"
+)
+DUE_BACKLOG = Gauge(
+    "cronhook_due_backlog",
+    "Due, unclaimed jobs in this replica's partitions (not counting those held back by target limits)",
+    ["replica"],
+    multiprocess_mode="liveall",
+)
+OLDEST_DUE_AGE = Gauge(
+    "cronhook_oldest_due_age_seconds",
+    "Age of the oldest due, unclaimed job in this replica's partitions (0 when none waits)",
+    ["replica"],
+    multiprocess_mode="liveall",
+)
+HELD_BACK = Gauge(
+    "cronhook_due_held_back",
+    "Due jobs in this replica's partitions whose target is at its max_in_flight or rate limit",
+    ["replica"],
+    multiprocess_mode="liveall",
+)
+API_REQUESTS = Counter("cronhook_api_requests_total", "API requests", ["method", "route", "status"])
+API_SECONDS = Histogram("cronhook_api_request_duration_seconds", "API request latency", ["method", "route"])
+
+# Bound once: the delivery path never looks a label up.
+_DELIVERY_CHILDREN = {(o.value, c): DELIVERIES.labels(o.value, c) for o in RunOutcome for c in STATUS_CLASSES}
+_DEAD_LETTER_DELIVERY = DEAD_LETTERS.labels("delivery")
+_DEAD_LETTER_REAPER = DEAD_LETTERS.labels("reaper")
+
+
+def status_class(status: int | None) -> str:
+    return f"{status // 100}xx" if status is not None and 200 <= status < 600 else "none"
+
+
+class RateLimitedLog:
+    """At most `per_s` lines a second; the first line after a quiet spell says how many were dropped."""
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s = per_s
+        self._window = 0
+        self._count = 0
+        self._dropped = 0
+
+    def allow(self, now: float) -> tuple[bool, int]:
+        second = int(now)
+        if second != self._window:
+            self._window, self._count = second, 0
+        if self._count >= self.per_s:
+            self._dropped += 1
+            return False, 0
+        self._count += 1
+        dropped, self._dropped = self._dropped, 0
+        return True, dropped
+
+
+_delivery_log = RateLimitedLog(per_s=100)
+
+
+def delivery_recorded(
+    job: ClaimedJob, result: AttemptOutcome, *, retrying: bool, dead_letter: bool, fenced: bool = False
+) -> None:
+    """One finished attempt: counters, histograms and the (rate-limited) INFO delivery line."""
+    _DELIVERY_CHILDREN[(result.outcome.value, status_class(result.status_code))].inc()
+    if result.duration_ms is not None:
+        DELIVERY_SECONDS.observe(result.duration_ms / 1000)
+    if job.attempt == 1 and result.started_at is not None:
+        LATENESS_SECONDS.observe(max(0.0, (result.started_at - job.scheduled_for).total_seconds()))
+    if fenced:
+        FENCED.inc()
+    elif dead_letter:
+        _DEAD_LETTER_DELIVERY.inc()
+    elif retrying:
+        RETRIES_SCHEDULED.inc()
+    allowed, dropped = _delivery_log.allow(time.monotonic())
+    if allowed:
+        log_event(
+            logger,
+            "delivery",
+            job_id=str(job.id),
+            target_id=str(job.target_id),
+            attempt=job.attempt,
+            outcome=result.outcome.value,
+            status=result.status_code,
+            duration_ms=result.duration_ms,
+            **({"fenced": True} if fenced else {}),
+            **({"lines_dropped": dropped} if dropped else {}),
+        )
+
+
+def leases_reaped(rescued: int, dead_lettered: int) -> None:
+    LEASES_REAPED.inc(rescued + dead_lettered)
+    if dead_lettered:
+        _DEAD_LETTER_REAPER.inc(dead_lettered)
+
+
+def backlog_observed(
+    replica: str, partitions: int, due: int, oldest_due_at: dt.datetime | None, held_back: int, now: dt.datetime
+) -> None:
+    PARTITIONS_OWNED.labels(replica).set(partitions)
+    DUE_BACKLOG.labels(replica).set(due)
+    HELD_BACK.labels(replica).set(held_back)
+    OLDEST_DUE_AGE.labels(replica).set(max(0.0, (now - oldest_due_at).total_seconds()) if oldest_due_at else 0.0)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The text exposition of this process, or of every process sharing PROMETHEUS_MULTIPROC_DIR."""
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        _multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def process_exited(pid: int) -> None:
+    """Drops a dead worker's live gauges (call from the process that supervised it)."""
+    if os.environ.get(MULTIPROC_ENV):
+        _multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def sample_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The value of one sample in an exposition (0 when absent): for tests and `cronhook health`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += sample.value
+    return total

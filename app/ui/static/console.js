@@ -1,0 +1,171 @@
+// cronhook console: fills the server-rendered page from /v1 with the key kept in this tab.
+"use strict";
+const KEY = "cronhook-api-key";
+const $ = (sel) => document.querySelector(sel);
+const page = document.body.dataset.page;
+
+function key() { return sessionStorage.getItem(KEY) || ""; }
+
+async function api(path, options = {}) {
+  const headers = { Authorization: `Bearer ${key()}`, ...(options.body ? { "Content-Type": "application/json" } : {}) };
+  const response = await fetch(path, { ...options, headers });
+  const body = response.status === 204 ? null : await response.json();
+  if (!response.ok) throw new Error(`${response.status}: ${body && body.detail ? body.detail : response.statusText}`);
+  return body;
+}
+
+function showError(err) { const box = $("#error"); box.textContent = err ? String(err.message || err) : ""; box.hidden = !err; }
+function when(value) { return value ? new Date(value).toISOString().replace("T", " ").slice(0, 19) + "Z" : "–"; }
+function cell(row, value, href) {
+  const td = row.insertCell();
+  if (href) { const a = document.createElement("a"); a.href = href; a.textContent = value; td.append(a); }
+  else td.textContent = value === null || value === undefined ? "–" : String(value);
+  return td;
+}
+function button(label, onClick) { const b = document.createElement("button"); b.textContent = label; b.onclick = onClick; return b; }
+function schedule(job) { return job.cron ? `cron ${job.cron} (${job.timezone})` : job.every_s ? `every ${job.every_s}s` : "once"; }
+
+async function jobsPage() {
+  let state = new URLSearchParams(location.search).get("state") || "";
+  let cursor = null;
+  const tbody = $("#jobs tbody");
+  async function counts() {
+    for (const td of document.querySelectorAll("[data-count]")) {
+      const q = td.dataset.count ? `state=${td.dataset.count}&` : "";
+      const pageOf = await api(`/v1/jobs?${q}limit=200`);
+      td.textContent = pageOf.items.length + (pageOf.next_cursor ? "+" : "");
+    }
+  }
+  async function load(more) {
+    if (!more) { tbody.replaceChildren(); cursor = null; }
+    const q = new URLSearchParams({ limit: "50" });
+    if (state) q.set("state", state);
+    if (cursor) q.set("cursor", cursor);
+    const pageOf = await api(`/v1/jobs?${q}`);
+    for (const job of pageOf.items) {
+      const row = tbody.insertRow();
+      cell(row, job.name || job.id, `/ui/jobs/${job.id}`);
+      cell(row, job.state).className = `state ${job.state}`;
+      cell(row, schedule(job)); cell(row, when(job.next_run_at)); cell(row, job.attempt);
+      cell(row, job.last_status_code); cell(row, when(job.created_at));
+    }
+    cursor = pageOf.next_cursor; $("#jobs-more").hidden = !cursor;
+    $("#jobs-heading").textContent = state ? `Jobs: ${state}` : "All jobs";
+  }
+  for (const a of document.querySelectorAll("[data-state]")) {
+    a.onclick = (e) => { e.preventDefault(); state = a.dataset.state; load(false).catch(showError); };
+  }
+  $("#jobs-more").onclick = () => load(true).catch(showError);
+  await counts(); await load(false);
+}
+
+async function jobPage() {
+  const id = document.body.dataset.jobId;
+  const job = await api(`/v1/jobs/${id}`);
+  document.querySelector("h1").textContent = `Job ${job.name || job.id}`;
+  const dl = $("#job-fields"); dl.replaceChildren();
+  const fields = { id: job.id, state: job.state, schedule: schedule(job), target: job.target_id, priority: job.priority,
+    "next run": when(job.next_run_at), attempt: `${job.attempt} of ${job.max_attempts}`, runs: job.runs,
+    "last status": job.last_status_code, "last error": job.last_error, payload: JSON.stringify(job.payload) };
+  for (const [name, value] of Object.entries(fields)) {
+    const dt = document.createElement("dt"); dt.textContent = name;
+    const dd = document.createElement("dd"); dd.textContent = value === null || value === undefined ? "–" : String(value);
+    dl.append(dt, dd);
+  }
+  const fires = $("#next-fires"); fires.replaceChildren();
+  let times = [];
+  if (job.cron && ["scheduled", "retrying", "running", "paused"].includes(job.state)) {
+    const q = new URLSearchParams({ cron: job.cron, timezone: job.timezone || "UTC", count: "5" });
+    times = (await api(`/v1/schedules/preview?${q}`)).fire_times.map((f) => `${f.at} (${when(f.utc)})`);
+  } else if (job.every_s && job.next_run_at) {
+    const first = new Date(job.next_run_at).getTime();
+    times = [0, 1, 2, 3, 4].map((i) => when(new Date(first + i * job.every_s * 1000).toISOString()));
+  } else if (job.next_run_at) times = [when(job.next_run_at)];
+  for (const t of times.length ? times : ["none"]) { const li = document.createElement("li"); li.textContent = t; fires.append(li); }
+  const tbody = $("#runs tbody"); tbody.replaceChildren();
+  for (const run of (await api(`/v1/jobs/${id}/runs?limit=100`)).items) {
+    const row = tbody.insertRow();
+    cell(row, when(run.scheduled_for)); cell(row, run.attempt); cell(row, run.outcome).className = `outcome ${run.outcome}`;
+    cell(row, run.status_code); cell(row, run.duration_ms === null ? null : `${run.duration_ms} ms`);
+    cell(row, when(run.finished_at)); cell(row, run.error);
+  }
+  for (const b of document.querySelectorAll("[data-action]")) {
+    b.onclick = async () => {
+      try {
+        const result = await api(`/v1/jobs/${id}/${b.dataset.action}`, { method: "POST" });
+        if (b.dataset.action === "trigger") location.href = `/ui/jobs/${result.id}`; else { showError(null); await jobPage(); }
+      } catch (err) { showError(err); }
+    };
+  }
+}
+
+async function deadLettersPage() {
+  const tbody = $("#dead-letters tbody"); tbody.replaceChildren();
+  for (const dl of (await api("/v1/dead-letters?limit=200")).items) {
+    const row = tbody.insertRow(); row.dataset.id = dl.id;
+    const box = document.createElement("input"); box.type = "checkbox"; box.className = "pick"; box.setAttribute("aria-label", "select");
+    row.insertCell().append(box);
+    cell(row, dl.job_id.slice(0, 8), `/ui/jobs/${dl.job_id}`); cell(row, when(dl.scheduled_for)); cell(row, dl.attempts);
+    cell(row, dl.last_status_code); cell(row, dl.last_error); cell(row, when(dl.created_at));
+    cell(row, dl.replay_job_id ? "yes" : "no", dl.replay_job_id ? `/ui/jobs/${dl.replay_job_id}` : null);
+    row.insertCell().append(button("Replay", async () => {
+      try { const job = await api(`/v1/dead-letters/${dl.id}/replay`, { method: "POST" }); $("#replay-result").textContent = `replayed as ${job.id}`; await deadLettersPage(); }
+      catch (err) { showError(err); }
+    }));
+  }
+  $("#select-all").onchange = (e) => { for (const b of document.querySelectorAll(".pick")) b.checked = e.target.checked; };
+  $("#replay-selected").onclick = async () => {
+    try {
+      const ids = [...document.querySelectorAll(".pick:checked")].map((b) => b.closest("tr").dataset.id);
+      for (const one of ids) await api(`/v1/dead-letters/${one}/replay`, { method: "POST" });
+      $("#replay-result").textContent = `${ids.length} replayed`; await deadLettersPage();
+    } catch (err) { showError(err); }
+  };
+  $("#replay-all").onclick = async () => {
+    try {
+      const result = await api("/v1/dead-letters/replay", { method: "POST", body: JSON.stringify({ limit: 1000 }) });
+      $("#replay-result").textContent = `${result.replayed.length} replayed`; await deadLettersPage();
+    } catch (err) { showError(err); }
+  };
+}
+
+async function targetsPage() {
+  const tbody = $("#targets tbody"); tbody.replaceChildren();
+  for (const t of (await api("/v1/targets?limit=200")).items) {
+    const row = tbody.insertRow();
+    cell(row, t.name); cell(row, t.url); cell(row, `${t.timeout_s}s`); cell(row, t.max_in_flight); cell(row, t.rate_per_s);
+    cell(row, Object.keys(t.headers).join(", ")); cell(row, when(t.created_at));
+  }
+}
+
+async function clusterPage() {
+  const view = await api("/v1/cluster");
+  const dl = $("#cluster-summary"); dl.replaceChildren();
+  for (const [name, value] of Object.entries({ "database clock": when(view.now), partitions: view.partition_count,
+    replicas: view.replicas.length, unowned: view.unowned_partitions.length })) {
+    const dt = document.createElement("dt"); dt.textContent = name; const dd = document.createElement("dd"); dd.textContent = value; dl.append(dt, dd);
+  }
+  const tbody = $("#replicas tbody"); tbody.replaceChildren();
+  for (const r of view.replicas) {
+    const row = tbody.insertRow();
+    cell(row, r.id); cell(row, r.partition_count); cell(row, when(r.oldest_due_at)); cell(row, r.lag_s.toFixed(1));
+    cell(row, when(r.heartbeat_at)); cell(row, when(r.started_at));
+  }
+}
+
+const PAGES = { jobs: jobsPage, job: jobPage, "dead-letters": deadLettersPage, targets: targetsPage, cluster: clusterPage };
+
+function render() {
+  $("#key-state").textContent = key() ? "key set" : "no key";
+  if (!key()) { showError(new Error("Enter an API key above.")); return; }
+  showError(null);
+  PAGES[page]().then(() => document.body.classList.add("loaded")).catch(showError);
+}
+
+$("#key-form").onsubmit = (e) => {
+  e.preventDefault(); const value = $("#key-input").value.trim();
+  if (value) sessionStorage.setItem(KEY, value);
+  $("#key-input").value = ""; render();
+};
+$("#key-forget").onclick = () => { sessionStorage.removeItem(KEY); render(); };
+render();

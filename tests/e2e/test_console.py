@@ -1,0 +1,148 @@
+"""The web console in a real headless Chromium (Selenium, the system's chromium and
+chromium-driver) against a live server: jobs by state, a job's runs and next fire times,
+dead letters replayed one and in bulk, targets, and the cluster view with the admin key.
+
+Screenshots go to the test's temp dir, or to CRONHOOK_UI_SCREENSHOTS (`docs` refreshes the
+README's docs/console.png)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.live_server import LiveServer, live_server
+from tests.e2e.test_processes import Processes
+from tests.receiver import Receiver, Reply, wait_for
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _browser() -> Any:
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no headless Chromium here: apt-get install chromium chromium-driver (.ci/run does in CI)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,800"):
+        options.add_argument(flag)
+    # The system's driver: Selenium Manager would try to download one.
+    return webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+
+
+def _drive(server: LiveServer, shots: Path, cron_id: str, receiver_url: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = _browser()
+    wait = WebDriverWait(browser, 20)
+
+    def loaded() -> None:
+        wait.until(lambda b: "loaded" in (b.find_element(By.TAG_NAME, "body").get_attribute("class") or ""))
+
+    def use_key(key: str) -> None:
+        browser.find_element(By.ID, "key-input").send_keys(key)
+        browser.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+
+    try:
+        browser.get(f"{server.url}/ui")
+        assert "Enter an API key" in browser.find_element(By.ID, "error").text
+        use_key(server.key)
+        loaded()
+        counts = {
+            td.get_attribute("data-count"): td.text for td in browser.find_elements(By.CSS_SELECTOR, "[data-count]")
+        }
+        assert (counts["scheduled"], counts["succeeded"], counts["dead"]) == ("1", "1", "1")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 3
+        browser.save_screenshot(str(shots / "console.png"))
+
+        browser.find_element(By.CSS_SELECTOR, "[data-state=dead]").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "jobs-heading"), "Jobs: dead"))
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 1)
+
+        browser.get(f"{server.url}/ui/jobs/{cron_id}")  # the key stays for the tab
+        loaded()
+        fires = browser.find_elements(By.CSS_SELECTOR, "#next-fires li")
+        assert len(fires) == 5 and all(":00:00+" in li.text for li in fires)
+        browser.save_screenshot(str(shots / "console-job.png"))
+
+        browser.get(f"{server.url}/ui/dead-letters")
+        loaded()
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#dead-letters tbody tr")) == 1
+        browser.find_element(By.CSS_SELECTOR, "#dead-letters tbody button").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "replay-result"), "replayed as"))
+        wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#dead-letters tbody tr td:nth-child(8)").text == "yes")
+        browser.find_element(By.ID, "replay-all").click()
+        # Already replayed once: the bulk replay (not yet replayed only) has nothing left.
+        wait.until(ec.text_to_be_present_in_element((By.ID, "replay-result"), "0 replayed"))
+        browser.save_screenshot(str(shots / "console-dead-letters.png"))
+
+        browser.get(f"{server.url}/ui/targets")
+        loaded()
+        assert receiver_url in browser.find_element(By.ID, "targets").text
+
+        browser.get(f"{server.url}/ui/cluster")
+        # A tenant's key is refused by the admin endpoint.
+        wait.until(ec.text_to_be_present_in_element((By.ID, "error"), "403"))
+        use_key(server.admin_key)
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#replicas tbody tr")) == 1)
+        browser.save_screenshot(str(shots / "console-cluster.png"))
+    finally:
+        browser.quit()
+
+
+async def test_the_console_in_headless_chromium(
+    receiver: Receiver, db_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no headless Chromium here: apt-get install chromium chromium-driver (.ci/run does in CI)")
+    shots = Path(os.environ.get("CRONHOOK_UI_SCREENSHOTS") or tmp_path)
+    if not shots.is_absolute():
+        shots = ROOT / shots
+    async with (
+        live_server(procs, db_url) as server,
+        httpx.AsyncClient(base_url=server.url, headers=server.auth) as http,
+    ):
+        target = (await http.post("/v1/targets", json={"name": "billing", "url": receiver.url()})).json()
+        cron = (
+            await http.post(
+                "/v1/jobs",
+                json={
+                    "target_id": target["id"],
+                    "name": "nightly-report",
+                    "cron": "0 3 * * *",
+                    "timezone": "Europe/Berlin",
+                },
+            )
+        ).json()
+        receiver.script = [Reply(status=200), Reply(status=410)]
+        await http.post("/v1/jobs", json={"target_id": target["id"], "name": "welcome-email", "delay_s": 0.001})
+
+        async def first_delivered() -> bool:
+            return len(receiver.requests) == 1
+
+        await wait_for(first_delivered, timeout=20, message="first delivery")
+        await http.post(
+            "/v1/jobs", json={"target_id": target["id"], "name": "sync-crm", "delay_s": 0.001, "max_attempts": 1}
+        )
+
+        async def dead_lettered() -> bool:
+            return len((await http.get("/v1/dead-letters")).json()["items"]) == 1
+
+        await wait_for(dead_lettered, timeout=20, interval=0.2, message="a dead letter")
+        receiver.default = Reply(status=200)
+        await asyncio.to_thread(_drive, server, shots, cron["id"], receiver.url())
+    assert (shots / "console.png").stat().st_size > 10_000
+    assert server.key not in procs.log("up") and server.admin_key not in procs.log("up")
