@@ -14,6 +14,7 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app import event_loop
 from app.api.app import create_app
 from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
 from app.logs import configure_logging, log_event
@@ -113,7 +114,7 @@ def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
         finally:
             log_event(logger, "scheduler_stopped", replica_id=settings.replica_id)
 
-    _run_role(settings, body)
+    _run_role(settings, body, pre_ping=False)
 
 
 def _cmd_reaper(settings: Settings, args: argparse.Namespace) -> None:
@@ -163,6 +164,7 @@ def _run_role(
     settings: Settings,
     body: Callable[[AsyncEngine, asyncio.Event], Awaitable[None]],
     migrate: bool | None = None,
+    pre_ping: bool = True,
 ) -> None:
     """Runs `body` with a database, stopping cleanly on SIGINT/SIGTERM."""
 
@@ -171,11 +173,11 @@ def _run_role(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        runtime = Runtime(settings)
+        runtime = Runtime(settings, pre_ping=pre_ping)
         try:
             engine = await runtime.start(migrate=migrate)
             await body(engine, stop)
         finally:
             await runtime.stop()
 
-    asyncio.run(runner())
+    event_loop.run(runner())

@@ -25,13 +25,29 @@ from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
 from app.logs import log_event
 from app.services.dispatcher import Dispatcher
-from app.services.loop import run_forever
+from app.services.due_listener import DueListener
+from app.services.loop import (
+    MAX_ERROR_BACKOFF_S,
+    MIN_ERROR_BACKOFF_S,
+    log_pass_failure,
+    run_forever,
+    wait_for_stop_or_wake,
+)
 from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
 from app.settings import Settings, default_of, lease_outlasts_http_deadline
-from app.store.claims import job_claim_due, job_hand_off_occurrence, job_release_claim, job_settle_due_plan
+from app.store.claims import (
+    job_claim_due,
+    job_hand_off_occurrence,
+    job_next_due_at,
+    job_release_claim,
+    job_settle_due_plan,
+)
 
 logger = logging.getLogger(__name__)
+
+# The least time between two claims that each drained everything due (see tick()).
+MIN_CLAIM_GAP_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,14 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self._started = False
+        # Wake-up planning (monotonic seconds): the next due time learnt from the last claim,
+        # the end of the current wait, the database clock's offset, and a notice's timer.
+        self._next_due_mono: float | None = None
+        self._planned_wake_mono: float | None = None
+        self._db_offset_s: float | None = None
+        self._due_timer: asyncio.TimerHandle | None = None
+        self._last_claim_mono = float("-inf")
+        self._last_short = False
 
     async def start(self) -> None:
         if not self._started:
@@ -126,11 +150,15 @@ class Scheduler:
         return len(self._tasks)
 
     async def run_once(self, wait: bool = True) -> dict[str, int]:
-        """Claims one batch and starts its deliveries; with `wait`, returns when all are recorded."""
+        """Claims one batch and starts its deliveries; with `wait`, returns when all are recorded.
+
+        Ownership rounds run on their own task (run_forever); a claim waits for one only when
+        this replica holds no trusted partitions (first pass, or after a stall)."""
         await self.start()
         self.wake.clear()
-        # Renew first: a replica busy at capacity must still keep its partitions.
-        await self.ownership.ensure_fresh()
+        self._next_due_mono = None
+        if not self.ownership.trusted():
+            await self.ownership.run_once()
         capacity = self.config.concurrency - len(self._tasks)
         if capacity <= 0:
             return {"requested": 0, "claimed": 0, "in_flight": len(self._tasks)}
@@ -142,7 +170,12 @@ class Scheduler:
             claimed = await job_claim_due(
                 conn, self.config.replica_id, requested, self.config.lease_s, held, self.config.priority_aging_s
             )
+            if len(claimed) < requested:
+                # Drained what is due: learn when the next job falls due, to wake just then.
+                db_now, next_due_at = await job_next_due_at(conn, list(held))
+                self._note_next_due(db_now, next_due_at)
         claimed_mono = time.monotonic()
+        self._last_claim_mono = claimed_mono
         batch: list[asyncio.Task[None]] = []
         for job in claimed:
             task = asyncio.create_task(self._deliver(job, held[job.partition], claimed_mono))
@@ -153,23 +186,85 @@ class Scheduler:
             await asyncio.gather(*batch)
         return {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
 
+    def _note_next_due(self, db_now: dt.datetime, next_due_at: dt.datetime | None) -> None:
+        mono = time.monotonic()
+        # The database's clock as epoch seconds = local monotonic time + this offset.
+        self._db_offset_s = db_now.timestamp() - mono
+        if next_due_at is not None:
+            self._next_due_mono = next_due_at.timestamp() - self._db_offset_s
+
     def idle_wait_s(self, counts: dict[str, int]) -> float:
         # Everything asked for was due: more probably is, so claim again at once.
         if counts["requested"] and counts["claimed"] >= counts["requested"]:
             return 0.0
-        # At capacity, `wake` ends the wait as soon as a delivery slot frees up.
-        return self.config.poll_interval_s
+        # At capacity, `wake` ends the wait as soon as a delivery slot frees up. Otherwise
+        # sleep until the next known due time, at most one poll interval (jobs in partitions
+        # taken over, and due times that no notice announced, are found by the poll).
+        wait = self.config.poll_interval_s
+        if counts["requested"] and self._next_due_mono is not None:
+            wait = min(wait, max(0.0, self._next_due_mono - time.monotonic()))
+        return wait
+
+    def _on_due(self, due_epoch_s: float | None) -> None:
+        """A notice (app/services/due_listener.py): a job became due at `due_epoch_s`; wake
+        when that is earlier than the planned wake-up. None: notices may have been lost."""
+        if due_epoch_s is None or self._db_offset_s is None:
+            self.wake.set()
+            return
+        due_mono = due_epoch_s - self._db_offset_s
+        if self._planned_wake_mono is not None and due_mono >= self._planned_wake_mono:
+            return
+        self._planned_wake_mono = due_mono
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+        delay = due_mono - time.monotonic()
+        if delay <= 0:
+            self.wake.set()
+        else:
+            self._due_timer = asyncio.get_running_loop().call_later(delay, self.wake.set)
 
     async def tick(self) -> dict[str, int]:
-        return await self.run_once(wait=False)
+        # Claims that drained everything due are spaced MIN_CLAIM_GAP_S apart, so a steady
+        # trickle of due jobs is claimed in small batches instead of one round trip per job.
+        gap = self._last_claim_mono + MIN_CLAIM_GAP_S - time.monotonic()
+        if self._last_short and gap > 0:
+            await asyncio.sleep(gap)
+        counts = await self.run_once(wait=False)
+        self._last_short = counts["claimed"] < counts["requested"]
+        return counts
 
     async def run_forever(self, stop: asyncio.Event) -> None:
-        # Ownership rounds keep their own rhythm, so a slow claim never delays a renewal.
+        # Ownership rounds keep their own rhythm, so a slow claim never delays a renewal and a
+        # renewal never delays a claim.
         renewals = asyncio.create_task(run_forever(self.ownership, stop, logger))
+        listener = asyncio.create_task(DueListener(self._engine, self._on_due).run(stop))
         try:
-            await run_forever(self, stop, logger)
+            await self._claim_forever(stop)
         finally:
             await renewals
+            await listener
+            if self._due_timer is not None:
+                self._due_timer.cancel()
+
+    async def _claim_forever(self, stop: asyncio.Event) -> None:
+        """run_forever's loop (app/services/loop.py), with a wait that ends exactly at the next
+        due time: jitter only on a full poll interval, where it keeps replicas apart."""
+        error_backoff = MIN_ERROR_BACKOFF_S
+        while not stop.is_set():
+            try:
+                counts = await self.tick()
+                error_backoff = MIN_ERROR_BACKOFF_S
+                wait = self.idle_wait_s(counts)
+                if wait >= self.config.poll_interval_s:
+                    wait *= random.uniform(0.8, 1.2)
+            except Exception as exc:
+                log_pass_failure(logger, self.name, exc, error_backoff)
+                wait = error_backoff
+                error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
+            if wait > 0 and not self.wake.is_set():
+                self._planned_wake_mono = time.monotonic() + wait
+                await wait_for_stop_or_wake(stop, self.wake, wait)
+            self._planned_wake_mono = None
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         at_capacity = len(self._tasks) >= self.config.concurrency
@@ -280,6 +375,8 @@ def _log_lease_fenced(job: ClaimedJob, outcome: str | None) -> None:
 
 def _log_outcome(job: ClaimedJob, result: AttemptOutcome, new_state: str, dead_letter: bool) -> None:
     if result.succeeded:
+        if not logger.isEnabledFor(logging.DEBUG):  # the common case costs no formatting
+            return
         log_event(
             logger,
             "job_delivered",
