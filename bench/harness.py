@@ -171,6 +171,8 @@ class Service:
             CRONHOOK_BOOTSTRAP_API_KEY=self.api_key,
             CRONHOOK_LOG_LEVEL="WARNING",
             CRONHOOK_DATA_DIR=str(log_path.parent / "cronhook-data"),
+            # The benches' receivers listen on loopback, which the egress policy refuses by default.
+            CRONHOOK_EGRESS_ALLOW="127.0.0.0/8",
         )
         self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
