@@ -115,6 +115,8 @@ class Scheduler:
         self._db_offset_s: float | None = None
         self._due_timer: asyncio.TimerHandle | None = None
         self._last_claim_mono = float("-inf")
+        # Free delivery slots worth a claim while deliveries are in flight.
+        self._refill = max(1, min(config.batch_size, config.concurrency) // 2)
         self._last_short = False
 
     async def start(self) -> None:
@@ -160,7 +162,9 @@ class Scheduler:
         if not self.ownership.trusted():
             await self.ownership.run_once()
         capacity = self.config.concurrency - len(self._tasks)
-        if capacity <= 0:
+        if capacity < self._refill or capacity <= 0:
+            # Nearly full: wait until a good share of the slots is free (`wake`), rather
+            # than pay a claim for every delivery that finishes.
             return {"requested": 0, "claimed": 0, "in_flight": len(self._tasks)}
         requested = min(self.config.batch_size, capacity)
         held = self.ownership.held()
@@ -197,7 +201,7 @@ class Scheduler:
         # Everything asked for was due: more probably is, so claim again at once.
         if counts["requested"] and counts["claimed"] >= counts["requested"]:
             return 0.0
-        # At capacity, `wake` ends the wait as soon as a delivery slot frees up. Otherwise
+        # Nearly full, `wake` ends the wait once enough delivery slots are free. Otherwise
         # sleep until the next known due time, at most one poll interval (jobs in partitions
         # taken over, and due times that no notice announced, are found by the poll).
         wait = self.config.poll_interval_s
@@ -267,9 +271,8 @@ class Scheduler:
             self._planned_wake_mono = None
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
-        at_capacity = len(self._tasks) >= self.config.concurrency
         self._tasks.discard(task)
-        if at_capacity:
+        if self.config.concurrency - len(self._tasks) == self._refill:
             self.wake.set()
         if not task.cancelled() and task.exception() is not None:
             log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))

@@ -132,10 +132,16 @@ def _claim_statement(fenced: bool) -> Any:
         .limit(limit)
         .cte("due")
     )
+    unlimited_ids = select(func.array_agg(due.c.id)).where(due.c.limited.is_(False))
     claimed = (
         update(jobs)
         .values(**_lease_values())
-        .where(jobs.c.id == due.c.id, due.c.limited.is_(False), targets.c.id == jobs.c.target_id)
+        # An array of ids (one initplan): the planner probes the primary key for each, where
+        # a join on the CTE could pick a scan of the whole table.
+        .where(
+            jobs.c.id == func.any(cast(unlimited_ids.scalar_subquery(), ARRAY(UUID(as_uuid=True)))),
+            targets.c.id == jobs.c.target_id,
+        )
         .returning(*CLAIMED_JOB_COLUMNS)
         .cte("claimed")
     )

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 from collections.abc import AsyncIterator
 
-import asyncpg
 import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.services.due_listener import DUE_CHANNEL
+from app.services.due_listener import DueListener
 from app.services.scheduler import Scheduler, SchedulerConfig
 from app.settings import Settings
 from tests.conftest import make_job, make_target
@@ -46,7 +46,7 @@ async def test_a_job_created_due_now_is_delivered_before_the_next_poll(
     target = await make_target(client, auth, receiver.url())
     # Let the scheduler finish its first (empty) claim and go to sleep for a minute.
     await asyncio.sleep(0.5)
-    await make_job(client, auth, target["id"], delay_s=0)
+    await make_job(client, auth, target["id"])  # due at once
     await wait_for(lambda: len(receiver.requests) == 1, timeout=20, message="delivery woken by NOTIFY")
 
 
@@ -72,18 +72,22 @@ async def test_a_paused_job_resumed_when_due_is_delivered_before_the_next_poll(
 
 
 async def test_one_notice_per_statement_only_for_jobs_due_within_a_minute(
-    engine: AsyncEngine, db_url: str, client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver
+    engine: AsyncEngine, client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver
 ) -> None:
-    notices: list[str] = []
-    listener = await asyncpg.connect(db_url)
+    notices: list[float | None] = []
+    stop = asyncio.Event()
+    listening = asyncio.create_task(DueListener(engine, notices.append).run(stop))
     try:
-        await listener.add_listener(DUE_CHANNEL, lambda *args: notices.append(args[3]))
         target = await make_target(client, auth, receiver.url())
-        await make_job(client, auth, target["id"], delay_s=3600)
-        await make_job(client, auth, target["id"], delay_s=5)
+        await asyncio.sleep(0.5)  # the listener is connected by now
+        due_in_an_hour = await make_job(client, auth, target["id"], delay_s=3600)
+        due_soon = await make_job(client, auth, target["id"], delay_s=5)
         await wait_for(lambda: len(notices) >= 1, timeout=10, message="a notice")
         await asyncio.sleep(0.5)  # a second notice would have arrived by now
-        assert len(notices) == 1  # the job due in an hour sent none
-        float(notices[0])  # the due time, as epoch seconds
+        assert due_in_an_hour["next_run_at"] and len(notices) == 1  # the job due in an hour sent none
+        (due_epoch_s,) = notices
+        assert due_epoch_s is not None
+        assert abs(due_epoch_s - dt.datetime.fromisoformat(due_soon["next_run_at"]).timestamp()) < 0.001
     finally:
-        await listener.close()
+        stop.set()
+        await asyncio.wait_for(listening, 10)
