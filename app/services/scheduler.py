@@ -35,6 +35,7 @@ from app.services.loop import (
 )
 from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
+from app.services.wake_plan import WakePlan
 from app.settings import Settings, default_of, lease_outlasts_http_deadline
 from app.store.claims import (
     job_claim_due,
@@ -108,15 +109,15 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self._started = False
-        # Wake-up planning (monotonic seconds): the next due time learnt from the last claim,
-        # the end of the current wait, the database clock's offset, and a notice's timer.
-        self._next_due_mono: float | None = None
-        self._planned_wake_mono: float | None = None
-        self._db_offset_s: float | None = None
-        self._due_timer: asyncio.TimerHandle | None = None
+        self._wake_plan = WakePlan(self.wake)
         self._last_claim_mono = float("-inf")
         # Free delivery slots worth a claim while deliveries are in flight.
         self._refill = max(1, min(config.batch_size, config.concurrency) // 2)
+        # Deliveries before their POST ends (at most `concurrency`), and claimed jobs not yet
+        # recorded (at most twice that): a slot is free again once the POST is answered, so
+        # the group commit's wait never holds back the next POSTs.
+        self._posting = 0
+        self._backlog_limit = 2 * config.concurrency
         self._last_short = False
 
     async def start(self) -> None:
@@ -158,10 +159,10 @@ class Scheduler:
         this replica holds no trusted partitions (first pass, or after a stall)."""
         await self.start()
         self.wake.clear()
-        self._next_due_mono = None
+        self._wake_plan.forget_next_due()
         if not self.ownership.trusted():
             await self.ownership.run_once()
-        capacity = self.config.concurrency - len(self._tasks)
+        capacity = self._capacity()
         if capacity < self._refill or capacity <= 0:
             # Nearly full: wait until a good share of the slots is free (`wake`), rather
             # than pay a claim for every delivery that finishes.
@@ -177,25 +178,19 @@ class Scheduler:
             if len(claimed) < requested:
                 # Drained what is due: learn when the next job falls due, to wake just then.
                 db_now, next_due_at = await job_next_due_at(conn, list(held))
-                self._note_next_due(db_now, next_due_at)
+                self._wake_plan.note_next_due(db_now, next_due_at)
         claimed_mono = time.monotonic()
         self._last_claim_mono = claimed_mono
         batch: list[asyncio.Task[None]] = []
         for job in claimed:
             task = asyncio.create_task(self._deliver(job, held[job.partition], claimed_mono))
+            self._posting += 1
             self._tasks.add(task)
             task.add_done_callback(self._on_task_done)
             batch.append(task)
         if wait and batch:
             await asyncio.gather(*batch)
         return {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
-
-    def _note_next_due(self, db_now: dt.datetime, next_due_at: dt.datetime | None) -> None:
-        mono = time.monotonic()
-        # The database's clock as epoch seconds = local monotonic time + this offset.
-        self._db_offset_s = db_now.timestamp() - mono
-        if next_due_at is not None:
-            self._next_due_mono = next_due_at.timestamp() - self._db_offset_s
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:
         # Everything asked for was due: more probably is, so claim again at once.
@@ -204,28 +199,9 @@ class Scheduler:
         # Nearly full, `wake` ends the wait once enough delivery slots are free. Otherwise
         # sleep until the next known due time, at most one poll interval (jobs in partitions
         # taken over, and due times that no notice announced, are found by the poll).
-        wait = self.config.poll_interval_s
-        if counts["requested"] and self._next_due_mono is not None:
-            wait = min(wait, max(0.0, self._next_due_mono - time.monotonic()))
-        return wait
-
-    def _on_due(self, due_epoch_s: float | None) -> None:
-        """A notice (app/services/due_listener.py): a job became due at `due_epoch_s`; wake
-        when that is earlier than the planned wake-up. None: notices may have been lost."""
-        if due_epoch_s is None or self._db_offset_s is None:
-            self.wake.set()
-            return
-        due_mono = due_epoch_s - self._db_offset_s
-        if self._planned_wake_mono is not None and due_mono >= self._planned_wake_mono:
-            return
-        self._planned_wake_mono = due_mono
-        if self._due_timer is not None:
-            self._due_timer.cancel()
-        delay = due_mono - time.monotonic()
-        if delay <= 0:
-            self.wake.set()
-        else:
-            self._due_timer = asyncio.get_running_loop().call_later(delay, self.wake.set)
+        if not counts["requested"]:
+            return self.config.poll_interval_s
+        return self._wake_plan.wait_s(self.config.poll_interval_s)
 
     async def tick(self) -> dict[str, int]:
         # Claims that drained everything due are spaced MIN_CLAIM_GAP_S apart, so a steady
@@ -241,14 +217,13 @@ class Scheduler:
         # Ownership rounds keep their own rhythm, so a slow claim never delays a renewal and a
         # renewal never delays a claim.
         renewals = asyncio.create_task(run_forever(self.ownership, stop, logger))
-        listener = asyncio.create_task(DueListener(self._engine, self._on_due).run(stop))
+        listener = asyncio.create_task(DueListener(self._engine, self._wake_plan.on_due).run(stop))
         try:
             await self._claim_forever(stop)
         finally:
             await renewals
             await listener
-            if self._due_timer is not None:
-                self._due_timer.cancel()
+            self._wake_plan.cancel()
 
     async def _claim_forever(self, stop: asyncio.Event) -> None:
         """run_forever's loop (app/services/loop.py), with a wait that ends exactly at the next
@@ -266,34 +241,57 @@ class Scheduler:
                 wait = error_backoff
                 error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
             if wait > 0 and not self.wake.is_set():
-                self._planned_wake_mono = time.monotonic() + wait
+                self._wake_plan.planned(wait)
                 await wait_for_stop_or_wake(stop, self.wake, wait)
-            self._planned_wake_mono = None
+            self._wake_plan.planned(None)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if self.config.concurrency - len(self._tasks) == self._refill:
+        if self._backlog_limit - len(self._tasks) == self._refill:
             self.wake.set()
         if not task.cancelled() and task.exception() is not None:
             log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))
 
+    def _capacity(self) -> int:
+        return min(self.config.concurrency - self._posting, self._backlog_limit - len(self._tasks))
+
     async def _deliver(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> None:
+        try:
+            finished = await self._attempt(job, epoch, claimed_mono)
+        finally:
+            self._posting -= 1
+            if self.config.concurrency - self._posting == self._refill:
+                self.wake.set()
+        if finished is None:
+            return
+        job, result, step = finished.job, finished.result, finished.step
+        applied = await self._recorder.record(finished, claimed_mono + self.config.lease_s)
+        if not applied:
+            _log_lease_fenced(job, result.outcome)
+            return
+        if step.schedule_ended:
+            log_event(logger, "schedule_ended", job_id=str(job.id), state=step.state.value, reason=step.ended_reason)
+        _log_outcome(job, result, step.state.value, step.dead_letter)
+
+    async def _attempt(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> FinishedAttempt | None:
+        """The POST (after the misfire and hand-off steps of a recurring job) and the step it
+        leads to; None when nothing was sent (untrusted lease, nothing due, lease lost)."""
         partition = job.partition
         if not await self._still_trusted(job, partition, epoch, claimed_mono):
-            return
+            return None
         if job.recurrence is not None and job.attempt == 1:
             settled = await self._settle_misfire(job, claimed_mono)
             if settled is None:
-                return
+                return None
             job = settled
             if job.recurrence is not None and job.recurrence.hands_off_occurrences:
                 child = await self._hand_off(job, claimed_mono)
                 if child is None:
-                    return
+                    return None
                 job = child
             # Those steps took time of their own: check again before the POST.
             if not await self._still_trusted(job, partition, epoch, claimed_mono):
-                return
+                return None
         result = await self._dispatcher.deliver(job, _db_clock(job, claimed_mono))
         step = after_attempt(
             job.attempt_context(),
@@ -303,13 +301,7 @@ class Scheduler:
             retryable=result.retryable,
             retry_after_s=result.retry_after_s,
         )
-        applied = await self._recorder.record(FinishedAttempt(job, result, step), claimed_mono + self.config.lease_s)
-        if not applied:
-            _log_lease_fenced(job, result.outcome)
-            return
-        if step.schedule_ended:
-            log_event(logger, "schedule_ended", job_id=str(job.id), state=step.state.value, reason=step.ended_reason)
-        _log_outcome(job, result, step.state.value, step.dead_letter)
+        return FinishedAttempt(job, result, step)
 
     async def _still_trusted(self, job: ClaimedJob, partition: int, epoch: int, claimed_mono: float) -> bool:
         """Trust the lease only while it can still outlive the POST, and only while this replica
