@@ -38,9 +38,8 @@ from app.services.recorder import OutcomeRecorder
 from app.services.wake_plan import WakePlan
 from app.settings import Settings, default_of, lease_outlasts_http_deadline
 from app.store.claims import (
-    job_claim_due,
+    job_claim_batch,
     job_hand_off_occurrence,
-    job_next_due_at,
     job_release_claim,
     job_settle_due_plan,
 )
@@ -172,24 +171,24 @@ class Scheduler:
         if not held:
             return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
         async with self._engine.begin() as conn:
-            claimed = await job_claim_due(
+            batch = await job_claim_batch(
                 conn, self.config.replica_id, requested, self.config.lease_s, held, self.config.priority_aging_s
             )
-            if len(claimed) < requested:
-                # Drained what is due: learn when the next job falls due, to wake just then.
-                db_now, next_due_at = await job_next_due_at(conn, list(held))
-                self._wake_plan.note_next_due(db_now, next_due_at)
+        claimed = batch.jobs
+        if len(claimed) < requested:
+            # Drained what is due: wake when the next job falls due.
+            self._wake_plan.note_next_due(batch.db_now, batch.next_due_at)
         claimed_mono = time.monotonic()
         self._last_claim_mono = claimed_mono
-        batch: list[asyncio.Task[None]] = []
+        started: list[asyncio.Task[None]] = []
         for job in claimed:
             task = asyncio.create_task(self._deliver(job, held[job.partition], claimed_mono))
             self._posting += 1
             self._tasks.add(task)
             task.add_done_callback(self._on_task_done)
-            batch.append(task)
-        if wait and batch:
-            await asyncio.gather(*batch)
+            started.append(task)
+        if wait and started:
+            await asyncio.gather(*started)
         return {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:

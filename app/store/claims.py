@@ -30,6 +30,7 @@ from sqlalchemy import (
     func,
     literal,
     select,
+    true,
     tuple_,
     union_all,
     update,
@@ -145,14 +146,18 @@ def _claim_statement(fenced: bool) -> Any:
         .returning(*CLAIMED_JOB_COLUMNS)
         .cte("claimed")
     )
+    # One row even when nothing is due: the database's clock and the next due time.
+    probe = select(func.now().label("db_now"), _next_due_at(fenced).label("next_due_at")).subquery("probe")
     return (
         select(
             *claimed.c,
             due.c.id.label("candidate_id"),
             due.c.target_id.label("candidate_target_id"),
             due.c.limited.label("candidate_limited"),
+            probe.c.db_now,
+            probe.c.next_due_at,
         )
-        .select_from(due.outerjoin(claimed, claimed.c.id == due.c.id))
+        .select_from(probe.outerjoin(due.outerjoin(claimed, claimed.c.id == due.c.id), true()))
         .order_by(due.c.rank)
     )
 
@@ -190,6 +195,15 @@ def _claim_limited_statement() -> Any:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class ClaimBatch:
+    jobs: list[ClaimedJob]
+    # The database's now() and the earliest run_at still ahead in the claimed-from
+    # partitions (None: nothing waits): when to look again after draining what is due.
+    db_now: dt.datetime
+    next_due_at: dt.datetime | None
+
+
 async def job_claim_due(
     conn: AsyncConnection,
     owner: str,
@@ -198,6 +212,20 @@ async def job_claim_due(
     held: dict[int, int] | None = None,
     aging_s: float = default_of("priority_aging_s"),
 ) -> list[ClaimedJob]:
+    """job_claim_batch's jobs (none when `held` is empty)."""
+    if held is not None and not held:
+        return []
+    return (await job_claim_batch(conn, owner, limit, lease_s, held, aging_s)).jobs
+
+
+async def job_claim_batch(
+    conn: AsyncConnection,
+    owner: str,
+    limit: int,
+    lease_s: float,
+    held: dict[int, int] | None = None,
+    aging_s: float = default_of("priority_aging_s"),
+) -> ClaimBatch:
     """Leases up to `limit` due jobs to `owner`, highest effective priority first (priority
     plus one level per `aging_s` waited), then oldest due first.
 
@@ -207,13 +235,14 @@ async def job_claim_due(
     concurrent schedulers claim disjoint batches without waiting.
     """
     if held is not None and not held:
-        return []
+        raise ValueError("held names no partition: nothing may be claimed")
     params: dict[str, Any] = {"owner": owner, "limit": limit, "lease_s": lease_s, "aging_s": aging_s}
     if held is not None:
         params["partitions"] = list(held)
         params["epochs"] = list(held.values())
     # Candidates stay row-locked until commit: no other claimer can take them meanwhile.
     rows = (await conn.execute(_claim_statement(held is not None), params)).mappings().all()
+    db_now, next_due_at = rows[0]["db_now"], rows[0]["next_due_at"]
     leased = [row for row in rows if row["id"] is not None]
     limited_rows = [row for row in rows if row["candidate_limited"]]
     if limited_rows:
@@ -233,35 +262,27 @@ async def job_claim_due(
             claimed.append(claimed_from_row(row))
         except Exception as exc:  # one row that cannot be loaded must not stop every delivery
             await _job_quarantine(conn, row["id"], row["lease_token"], f"{type(exc).__name__}: {exc}"[:300])
-    return claimed
+    return ClaimBatch(claimed, db_now, next_due_at)
 
 
-@functools.cache
-def _next_due_statement() -> Any:
-    """The database's now() and the earliest run_at still ahead in the held partitions: one
-    short index probe per priority level (ix_jobs_due), however large the table."""
-    partitions = bindparam("partitions", type_=ARRAY(SmallInteger))
+def _next_due_at(fenced: bool) -> Any:
+    """The earliest run_at still ahead among waiting jobs (in the held partitions when
+    fenced): one short index probe per priority level (ix_jobs_due), however large the table."""
+    partition_held = jobs.c.partition == func.any(bindparam("partitions", type_=ARRAY(SmallInteger)))
     firsts = [
         select(jobs.c.run_at)
         .where(
             jobs.c.state.in_(_CLAIMABLE),
             jobs.c.priority == level,
             jobs.c.run_at > func.now(),
-            jobs.c.partition == func.any(partitions),
+            *([partition_held] if fenced else []),
         )
         .order_by(jobs.c.run_at)
         .limit(1)
         .scalar_subquery()
         for level in range(MIN_PRIORITY, MAX_PRIORITY + 1)
     ]
-    return select(func.now().label("now"), func.least(*firsts).label("next_due_at"))
-
-
-async def job_next_due_at(conn: AsyncConnection, partitions: list[int]) -> tuple[dt.datetime, dt.datetime | None]:
-    """(the database's now(), the earliest future run_at of a waiting job in `partitions`, or
-    None): when a scheduler that just drained what was due should look again."""
-    row = (await conn.execute(_next_due_statement(), {"partitions": partitions})).one()
-    return row.now, row.next_due_at
+    return func.least(*firsts)
 
 
 async def _job_quarantine(conn: AsyncConnection, job_id: uuid.UUID, lease_token: uuid.UUID, error: str) -> None:
