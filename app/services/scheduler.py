@@ -112,11 +112,6 @@ class Scheduler:
         self._last_claim_mono = float("-inf")
         # Free delivery slots worth a claim while deliveries are in flight.
         self._refill = max(1, min(config.batch_size, config.concurrency) // 2)
-        # Deliveries before their POST ends (at most `concurrency`), and claimed jobs not yet
-        # recorded (at most twice that): a slot is free again once the POST is answered, so
-        # the group commit's wait never holds back the next POSTs.
-        self._posting = 0
-        self._backlog_limit = 2 * config.concurrency
         self._last_short = False
 
     async def start(self) -> None:
@@ -183,7 +178,6 @@ class Scheduler:
         started: list[asyncio.Task[None]] = []
         for job in claimed:
             task = asyncio.create_task(self._deliver(job, held[job.partition], claimed_mono))
-            self._posting += 1
             self._tasks.add(task)
             task.add_done_callback(self._on_task_done)
             started.append(task)
@@ -246,21 +240,18 @@ class Scheduler:
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if self._backlog_limit - len(self._tasks) == self._refill:
+        if self._capacity() == self._refill:
             self.wake.set()
         if not task.cancelled() and task.exception() is not None:
             log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))
 
     def _capacity(self) -> int:
-        return min(self.config.concurrency - self._posting, self._backlog_limit - len(self._tasks))
+        # A delivery holds its slot until its outcome is recorded: more POSTs in flight than
+        # `concurrency` would only lengthen the group commit's queue, and the leases' clocks.
+        return self.config.concurrency - len(self._tasks)
 
     async def _deliver(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> None:
-        try:
-            finished = await self._attempt(job, epoch, claimed_mono)
-        finally:
-            self._posting -= 1
-            if self.config.concurrency - self._posting == self._refill:
-                self.wake.set()
+        finished = await self._attempt(job, epoch, claimed_mono)
         if finished is None:
             return
         job, result, step = finished.job, finished.result, finished.step
