@@ -14,11 +14,10 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
-import uvloop
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app import __version__
+from app import __version__, event_loop
 from app.api.app import create_app
 from app.client.commands import add_client_commands, run_client_command
 from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
@@ -334,4 +333,4 @@ def _run_role(
         finally:
             await runtime.stop()
 
-    uvloop.run(runner())
+    event_loop.run(runner())

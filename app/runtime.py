@@ -26,8 +26,10 @@ CONNECT_WAIT_S = 60.0
 
 
 class Runtime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, pre_ping: bool = False) -> None:
         self.settings = settings
+        # Off for scheduler-only processes (app/db/engine.py says why).
+        self._pre_ping = pre_ping
         self._embedded: EmbeddedPostgres | None = None
         self._engine: AsyncEngine | None = None
 
@@ -46,6 +48,7 @@ class Runtime:
             url,
             self.settings.db_pool_size,
             idle_in_transaction_timeout_s=self.settings.db_idle_in_transaction_timeout_s,
+            pre_ping=self._pre_ping,
         )
         await self._wait_for_database()
         if self.settings.auto_migrate if migrate is None else migrate:

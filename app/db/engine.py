@@ -16,7 +16,13 @@ def normalize_url(raw: str) -> URL:
     return url
 
 
-def create_engine(raw_url: str, pool_size: int = 10, idle_in_transaction_timeout_s: float = 10.0) -> AsyncEngine:
+def create_engine(
+    raw_url: str, pool_size: int = 10, idle_in_transaction_timeout_s: float = 10.0, pre_ping: bool = False
+) -> AsyncEngine:
+    """`pre_ping` tests every connection on checkout (three round trips: BEGIN, an empty
+    statement, ROLLBACK); it is off by default: every service loop treats a dead connection as
+    a transient error (backoff, then a fresh connection, since SQLAlchemy discards the whole
+    pool on a disconnect), and the API retries its first statement once (app/api/deps.py)."""
     # Our transactions never wait on anything but the database; one left idle means its
     # process stalled while holding row locks (see Settings.db_idle_in_transaction_timeout_s).
     server_settings = {}
@@ -31,10 +37,11 @@ def create_engine(raw_url: str, pool_size: int = 10, idle_in_transaction_timeout
         # process) per request.
         pool_size=2 * pool_size,
         max_overflow=0,
-        # No pre-ping: it cost three round trips (BEGIN, ";", ROLLBACK) per checkout. A
+        # Pre-ping (off by default) cost three round trips (BEGIN, ";", ROLLBACK) per checkout. A
         # connection found dead fails its statement as a transient error: the services back
         # off and retry, and the API retries the key look-up that opens every request
         # (app/api/deps.py) or answers 503.
+        pool_pre_ping=pre_ping,
         # Statement parameters hold signing secrets and target headers: keep them out of
         # exception messages (and so out of logs).
         hide_parameters=True,

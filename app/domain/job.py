@@ -60,7 +60,8 @@ class ClaimedJob:
     partition: int
     tenant_id: uuid.UUID
     target_id: uuid.UUID
-    payload: Any
+    # The payload as the database stores it (JSON text): POSTed as is, never decoded.
+    payload_json: str
     schedule: Schedule
     schedule_anchor_at: dt.datetime
     scheduled_for: dt.datetime

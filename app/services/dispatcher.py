@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import time
 
 import aiohttp
@@ -35,7 +34,8 @@ def webhook_id(job: ClaimedJob) -> str:
 
 
 def build_request(job: ClaimedJob, attempt_time: dt.datetime) -> tuple[bytes, dict[str, str]]:
-    body = json.dumps(job.payload, separators=(",", ":")).encode()
+    # The stored JSON text (PostgreSQL's jsonb output), signed and sent as it is.
+    body = job.payload_json.encode()
     msg_id = webhook_id(job)
     timestamp = int(attempt_time.timestamp())
     # `Expect` is refused on targets (every attempt would wait out its timeout); rows from

@@ -36,24 +36,22 @@ async def run_forever(service: Service, stop: asyncio.Event, logger: logging.Log
             error_backoff = MIN_ERROR_BACKOFF_S
             wait = service.idle_wait_s(counts)
         except Exception as exc:
-            if is_transient_db_error(exc):
-                log_event(
-                    logger,
-                    f"{service.name}_db_unavailable",
-                    logging.WARNING,
-                    error=type(exc).__name__,
-                    retry_in_s=error_backoff,
-                )
-            else:
-                logger.exception(f"{service.name}_pass_failed")
+            log_pass_failure(logger, service.name, exc, error_backoff)
             wait = error_backoff
             error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
         if wait > 0:
             # Jitter keeps replicas that started together from polling in lockstep.
-            await _wait_for_stop_or_wake(stop, service.wake, wait * random.uniform(0.8, 1.2))
+            await wait_for_stop_or_wake(stop, service.wake, wait * random.uniform(0.8, 1.2))
 
 
-async def _wait_for_stop_or_wake(stop: asyncio.Event, wake: asyncio.Event, wait_s: float) -> None:
+def log_pass_failure(logger: logging.Logger, name: str, exc: Exception, retry_in_s: float) -> None:
+    if is_transient_db_error(exc):
+        log_event(logger, f"{name}_db_unavailable", logging.WARNING, error=type(exc).__name__, retry_in_s=retry_in_s)
+    else:
+        logger.exception(f"{name}_pass_failed")
+
+
+async def wait_for_stop_or_wake(stop: asyncio.Event, wake: asyncio.Event, wait_s: float) -> None:
     waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
     await asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
     for task in waiters:

@@ -27,13 +27,29 @@ from app.domain.occurrences import next_after_run, plan_due
 from app.domain.states import JobState
 from app.logs import log_event
 from app.services.dispatcher import Dispatcher
-from app.services.loop import run_forever
+from app.services.due_listener import DueListener
+from app.services.loop import (
+    MAX_ERROR_BACKOFF_S,
+    MIN_ERROR_BACKOFF_S,
+    log_pass_failure,
+    run_forever,
+    wait_for_stop_or_wake,
+)
 from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
+from app.services.wake_plan import WakePlan
 from app.settings import Settings, default_of, lease_outlasts_http_deadline
-from app.store.claims import job_claim_due, job_hand_off_occurrence, job_release_claim, job_settle_due_plan
+from app.store.claims import (
+    job_claim_batch,
+    job_hand_off_occurrence,
+    job_release_claim,
+    job_settle_due_plan,
+)
 
 logger = logging.getLogger(__name__)
+
+# The least time between two claims that each drained everything due (see tick()).
+MIN_CLAIM_GAP_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -94,6 +110,11 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self._started = False
+        self._wake_plan = WakePlan(self.wake)
+        self._last_claim_mono = float("-inf")
+        # Free delivery slots worth a claim while deliveries are in flight.
+        self._refill = max(1, min(config.batch_size, config.concurrency) // 2)
+        self._last_short = False
 
     async def start(self) -> None:
         if not self._started:
@@ -128,86 +149,115 @@ class Scheduler:
         return len(self._tasks)
 
     async def run_once(self, wait: bool = True) -> dict[str, int]:
-        """Claims one batch and starts its deliveries; with `wait`, returns when all are recorded."""
+        """Claims one batch and starts its deliveries; with `wait`, returns when all are recorded.
+
+        Ownership rounds run on their own task (run_forever); a claim waits for one only when
+        this replica holds no trusted partitions (first pass, or after a stall)."""
         await self.start()
         self.wake.clear()
-        # Renew first: a replica busy at capacity must still keep its partitions.
-        await self.ownership.ensure_fresh()
-        capacity = self.config.concurrency - len(self._tasks)
-        if capacity <= 0:
+        self._wake_plan.forget_next_due()
+        if not self.ownership.trusted():
+            await self.ownership.run_once()
+        capacity = self._capacity()
+        if capacity < self._refill or capacity <= 0:
+            # Nearly full: wait until a good share of the slots is free (`wake`), rather
+            # than pay a claim for every delivery that finishes.
             return {"requested": 0, "claimed": 0, "in_flight": len(self._tasks)}
         requested = min(self.config.batch_size, capacity)
         held = self.ownership.held()
         if not held:
             return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
         async with self._engine.begin() as conn:
-            claimed = await job_claim_due(
+            batch = await job_claim_batch(
                 conn, self.config.replica_id, requested, self.config.lease_s, held, self.config.priority_aging_s
             )
+        claimed = batch.jobs
+        if len(claimed) < requested:
+            # Drained what is due: wake when the next job falls due.
+            self._wake_plan.note_next_due(batch.db_now, batch.next_due_at)
         claimed_mono = time.monotonic()
-        batch: list[asyncio.Task[None]] = []
+        self._last_claim_mono = claimed_mono
+        started: list[asyncio.Task[None]] = []
         for job in claimed:
             task = asyncio.create_task(self._deliver(job, held[job.partition], claimed_mono))
             self._tasks.add(task)
             task.add_done_callback(self._on_task_done)
-            batch.append(task)
-        if wait and batch:
-            await asyncio.gather(*batch)
+            started.append(task)
+        if wait and started:
+            await asyncio.gather(*started)
         return {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:
         # Everything asked for was due: more probably is, so claim again at once.
         if counts["requested"] and counts["claimed"] >= counts["requested"]:
             return 0.0
-        # At capacity, `wake` ends the wait as soon as a delivery slot frees up.
-        return self.config.poll_interval_s
+        # Nearly full, `wake` ends the wait once enough delivery slots are free. Otherwise
+        # sleep until the next known due time, at most one poll interval (jobs in partitions
+        # taken over, and due times that no notice announced, are found by the poll).
+        if not counts["requested"]:
+            return self.config.poll_interval_s
+        return self._wake_plan.wait_s(self.config.poll_interval_s)
 
     async def tick(self) -> dict[str, int]:
-        return await self.run_once(wait=False)
+        # Claims that drained everything due are spaced MIN_CLAIM_GAP_S apart, so a steady
+        # trickle of due jobs is claimed in small batches instead of one round trip per job.
+        gap = self._last_claim_mono + MIN_CLAIM_GAP_S - time.monotonic()
+        if self._last_short and gap > 0:
+            await asyncio.sleep(gap)
+        counts = await self.run_once(wait=False)
+        self._last_short = counts["claimed"] < counts["requested"]
+        return counts
 
     async def run_forever(self, stop: asyncio.Event) -> None:
-        # Ownership rounds keep their own rhythm, so a slow claim never delays a renewal.
+        # Ownership rounds keep their own rhythm, so a slow claim never delays a renewal and a
+        # renewal never delays a claim.
         renewals = asyncio.create_task(run_forever(self.ownership, stop, logger))
+        listener = asyncio.create_task(DueListener(self._engine, self._wake_plan.on_due).run(stop))
         try:
-            await run_forever(self, stop, logger)
+            await self._claim_forever(stop)
         finally:
             await renewals
+            await listener
+            self._wake_plan.cancel()
+
+    async def _claim_forever(self, stop: asyncio.Event) -> None:
+        """run_forever's loop (app/services/loop.py), with a wait that ends exactly at the next
+        due time: jitter only on a full poll interval, where it keeps replicas apart."""
+        error_backoff = MIN_ERROR_BACKOFF_S
+        while not stop.is_set():
+            try:
+                counts = await self.tick()
+                error_backoff = MIN_ERROR_BACKOFF_S
+                wait = self.idle_wait_s(counts)
+                if wait >= self.config.poll_interval_s:
+                    wait *= random.uniform(0.8, 1.2)
+            except Exception as exc:
+                log_pass_failure(logger, self.name, exc, error_backoff)
+                wait = error_backoff
+                error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
+            if wait > 0 and not self.wake.is_set():
+                self._wake_plan.planned(wait)
+                await wait_for_stop_or_wake(stop, self.wake, wait)
+            self._wake_plan.planned(None)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
-        at_capacity = len(self._tasks) >= self.config.concurrency
         self._tasks.discard(task)
-        if at_capacity:
+        if self._capacity() == self._refill:
             self.wake.set()
         if not task.cancelled() and task.exception() is not None:
             log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))
 
+    def _capacity(self) -> int:
+        # A delivery holds its slot until its outcome is recorded: more POSTs in flight than
+        # `concurrency` would only lengthen the group commit's queue, and the leases' clocks.
+        return self.config.concurrency - len(self._tasks)
+
     async def _deliver(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> None:
-        partition = job.partition
-        if not await self._still_trusted(job, partition, epoch, claimed_mono):
+        finished = await self._attempt(job, epoch, claimed_mono)
+        if finished is None:
             return
-        if job.recurrence is not None and job.attempt == 1:
-            settled = await self._settle_misfire(job, claimed_mono)
-            if settled is None:
-                return
-            job = settled
-            if job.recurrence is not None and job.recurrence.hands_off_occurrences:
-                child = await self._hand_off(job, claimed_mono)
-                if child is None:
-                    return
-                job = child
-            # Those steps took time of their own: check again before the POST.
-            if not await self._still_trusted(job, partition, epoch, claimed_mono):
-                return
-        result = await self._dispatcher.deliver(job, _db_clock(job, claimed_mono))
-        step = after_attempt(
-            job.attempt_context(),
-            result.succeeded,
-            _db_clock(job, claimed_mono),
-            self._rng,
-            retryable=result.retryable,
-            retry_after_s=result.retry_after_s,
-        )
-        applied = await self._recorder.record(FinishedAttempt(job, result, step), claimed_mono + self.config.lease_s)
+        job, result, step = finished.job, finished.result, finished.step
+        applied = await self._recorder.record(finished, claimed_mono + self.config.lease_s)
         metrics.delivery_recorded(
             job, result, retrying=step.state == JobState.RETRYING, dead_letter=step.dead_letter, fenced=not applied
         )
@@ -217,6 +267,36 @@ class Scheduler:
         if step.schedule_ended:
             log_event(logger, "schedule_ended", job_id=str(job.id), state=step.state.value, reason=step.ended_reason)
         _log_outcome(job, result, step.state.value, step.dead_letter)
+
+    async def _attempt(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> FinishedAttempt | None:
+        """The POST (after the misfire and hand-off steps of a recurring job) and the step it
+        leads to; None when nothing was sent (untrusted lease, nothing due, lease lost)."""
+        partition = job.partition
+        if not await self._still_trusted(job, partition, epoch, claimed_mono):
+            return None
+        if job.recurrence is not None and job.attempt == 1:
+            settled = await self._settle_misfire(job, claimed_mono)
+            if settled is None:
+                return None
+            job = settled
+            if job.recurrence is not None and job.recurrence.hands_off_occurrences:
+                child = await self._hand_off(job, claimed_mono)
+                if child is None:
+                    return None
+                job = child
+            # Those steps took time of their own: check again before the POST.
+            if not await self._still_trusted(job, partition, epoch, claimed_mono):
+                return None
+        result = await self._dispatcher.deliver(job, _db_clock(job, claimed_mono))
+        step = after_attempt(
+            job.attempt_context(),
+            result.succeeded,
+            _db_clock(job, claimed_mono),
+            self._rng,
+            retryable=result.retryable,
+            retry_after_s=result.retry_after_s,
+        )
+        return FinishedAttempt(job, result, step)
 
     async def _still_trusted(self, job: ClaimedJob, partition: int, epoch: int, claimed_mono: float) -> bool:
         """Trust the lease only while it can still outlive the POST, and only while this replica
@@ -285,6 +365,8 @@ def _log_lease_fenced(job: ClaimedJob, outcome: str | None) -> None:
 
 def _log_outcome(job: ClaimedJob, result: AttemptOutcome, new_state: str, dead_letter: bool) -> None:
     if result.succeeded:
+        if not logger.isEnabledFor(logging.DEBUG):  # the common case costs no formatting
+            return
         log_event(
             logger,
             "job_delivered",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import uuid
 from collections import Counter
@@ -19,17 +20,22 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
+    Double,
+    Integer,
     SmallInteger,
+    Text,
+    bindparam,
     case,
     cast,
     func,
     literal,
     select,
+    true,
     tuple_,
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy.dialects.postgresql import ARRAY, UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.fire_times import Skipped
@@ -57,25 +63,17 @@ def _leased(job_id: uuid.UUID, lease_token: uuid.UUID) -> list[ColumnElement[boo
     return [jobs.c.id == job_id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == lease_token]
 
 
-async def job_claim_due(
-    conn: AsyncConnection,
-    owner: str,
-    limit: int,
-    lease_s: float,
-    held: dict[int, int] | None = None,
-    aging_s: float = default_of("priority_aging_s"),
-) -> list[ClaimedJob]:
-    """Leases up to `limit` due jobs to `owner`, highest effective priority first (priority
-    plus one level per `aging_s` waited), then oldest due first.
+@functools.cache
+def _claim_statement(fenced: bool) -> Any:
+    """The claim, built once (one per fencing mode) with bind parameters, so SQLAlchemy's
+    compiled cache and asyncpg's prepared statement are reused by every poll.
 
-    `held` (partition -> epoch) fences the claim by ownership: only jobs in partitions whose
-    lease row still names `owner` with that epoch, unexpired, are taken. None claims from
-    every partition (tools and tests that run without ownership). SKIP LOCKED lets
-    concurrent schedulers claim disjoint batches without waiting.
+    One statement: the level scans lock candidates, `due` ranks them, `claimed` leases the
+    ones whose target has no delivery limit and returns them, and the result lists every
+    ranked candidate (leased or not) in claim order. Candidates of a limited target come
+    back unleased, for the caller to take delivery slots and lease them by id.
     """
-    if held is not None and not held:
-        return []
-    # Shared by the ten level scans below, so each is computed once per claim.
+    limit = bindparam("limit", type_=Integer)
     saturated = target_saturated_ids().cte("saturated")
     conditions = [
         jobs.c.state.in_(_CLAIMABLE),
@@ -83,17 +81,19 @@ async def job_claim_due(
         # A target at its limit does not crowd the batch: its jobs wait, others go ahead.
         jobs.c.target_id.not_in(select(saturated.c.id)),
     ]
-    if held is not None:
+    if fenced:
         # The held (partition, epoch) pairs travel as two array parameters, not 512 scalars.
         pairs = (
-            func.unnest(literal(list(held), ARRAY(SmallInteger)), literal(list(held.values()), ARRAY(BigInteger)))
+            func.unnest(
+                bindparam("partitions", type_=ARRAY(SmallInteger)), bindparam("epochs", type_=ARRAY(BigInteger))
+            )
             .table_valued("partition", "epoch")
             .render_derived(name="held")
         )
         owned = (
             select(partition_leases.c.partition)
             .where(
-                partition_leases.c.owner == owner,
+                partition_leases.c.owner == bindparam("owner", type_=Text),
                 partition_leases.c.expires_at > func.now(),
                 tuple_(partition_leases.c.partition, partition_leases.c.epoch).in_(
                     select(pairs.c.partition, pairs.c.epoch)
@@ -119,56 +119,170 @@ async def job_claim_due(
     ]
     candidates = union_all(*(select(level) for level in levels)).subquery("candidates")
     waited_s = func.extract("epoch", func.now() - candidates.c.run_at)
-    effective = candidates.c.priority + func.greatest(waited_s, 0) / aging_s
+    effective = candidates.c.priority + func.greatest(waited_s, 0) / bindparam("aging_s", type_=Double)
     limited = targets.c.max_in_flight.is_not(None) | targets.c.rate_per_s.is_not(None)
-    due_stmt = (
-        select(candidates.c.id, candidates.c.target_id, limited.label("limited"))
+    due = (
+        select(
+            candidates.c.id,
+            candidates.c.target_id,
+            limited.label("limited"),
+            func.row_number().over(order_by=(effective.desc(), candidates.c.run_at)).label("rank"),
+        )
         .join(targets, targets.c.id == candidates.c.target_id)
         .order_by(effective.desc(), candidates.c.run_at)
         .limit(limit)
+        .cte("due")
     )
-    # Row-locked until commit: no other claimer can take these meanwhile.
-    due = list(await conn.execute(due_stmt))
-    if not due:
-        return []
-    ids = [row.id for row in due]
-    limited_rows = [row for row in due if row.limited]
-    if limited_rows:
-        wanted = Counter(row.target_id for row in limited_rows)
-        granted = await target_take_delivery_slots(conn, wanted)
-        ids = []
-        for row in due:  # in claim order: each limited target keeps its best jobs
-            if row.limited:
-                if granted[row.target_id] <= 0:
-                    continue
-                granted[row.target_id] -= 1
-            ids.append(row.id)
-        if not ids:
-            return []
-    stmt = (
+    unlimited_ids = select(func.array_agg(due.c.id)).where(due.c.limited.is_(False))
+    claimed = (
         update(jobs)
-        .where(jobs.c.id.in_(ids), targets.c.id == jobs.c.target_id)
-        .values(
-            state=JobState.RUNNING,
-            attempt=jobs.c.attempt + 1,
-            # Kept across the occurrence's retries (attempt is 0 only before its first claim).
-            occurrence_claimed_at=case((jobs.c.attempt == 0, func.now()), else_=jobs.c.occurrence_claimed_at),
-            lease_owner=owner,
-            lease_token=func.gen_random_uuid(),
-            lease_expires_at=func.now() + dt.timedelta(seconds=lease_s),
-            run_at=None,
-            updated_at=func.now(),
+        .values(**_lease_values())
+        # An array of ids (one initplan): the planner probes the primary key for each, where
+        # a join on the CTE could pick a scan of the whole table.
+        .where(
+            jobs.c.id == func.any(cast(unlimited_ids.scalar_subquery(), ARRAY(UUID(as_uuid=True)))),
+            targets.c.id == jobs.c.target_id,
+        )
+        .returning(*CLAIMED_JOB_COLUMNS)
+        .cte("claimed")
+    )
+    # One row even when nothing is due: the database's clock and the next due time.
+    probe = select(func.now().label("db_now"), _next_due_at(fenced).label("next_due_at")).subquery("probe")
+    return (
+        select(
+            *claimed.c,
+            due.c.id.label("candidate_id"),
+            due.c.target_id.label("candidate_target_id"),
+            due.c.limited.label("candidate_limited"),
+            probe.c.db_now,
+            probe.c.next_due_at,
+        )
+        .select_from(probe.outerjoin(due.outerjoin(claimed, claimed.c.id == due.c.id), true()))
+        .order_by(due.c.rank)
+    )
+
+
+def _lease_values() -> dict[str, Any]:
+    """What leasing a claimable job writes (owner and lease length are bind parameters)."""
+    lease = func.make_interval(0, 0, 0, 0, 0, 0, bindparam("lease_s", type_=Double))
+    return {
+        "state": JobState.RUNNING,
+        "attempt": jobs.c.attempt + 1,
+        # Kept across the occurrence's retries (attempt is 0 only before its first claim).
+        "occurrence_claimed_at": case((jobs.c.attempt == 0, func.now()), else_=jobs.c.occurrence_claimed_at),
+        "lease_owner": bindparam("owner", type_=Text),
+        "lease_token": func.gen_random_uuid(),
+        "lease_expires_at": func.now() + lease,
+        "run_at": None,
+        "updated_at": func.now(),
+    }
+
+
+@functools.cache
+def _claim_limited_statement() -> Any:
+    """Leases the candidates of limited targets that got delivery slots (still row-locked by
+    this transaction's claim statement)."""
+    ids = bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))
+    return (
+        update(jobs)
+        .values(**_lease_values())
+        .where(
+            jobs.c.id == func.any(ids),
+            jobs.c.state.in_(_CLAIMABLE),
+            targets.c.id == jobs.c.target_id,
         )
         .returning(*CLAIMED_JOB_COLUMNS)
     )
-    rows = (await conn.execute(stmt)).mappings().all()
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimBatch:
+    jobs: list[ClaimedJob]
+    # The database's now() and the earliest run_at still ahead in the claimed-from
+    # partitions (None: nothing waits): when to look again after draining what is due.
+    db_now: dt.datetime
+    next_due_at: dt.datetime | None
+
+
+async def job_claim_due(
+    conn: AsyncConnection,
+    owner: str,
+    limit: int,
+    lease_s: float,
+    held: dict[int, int] | None = None,
+    aging_s: float = default_of("priority_aging_s"),
+) -> list[ClaimedJob]:
+    """job_claim_batch's jobs (none when `held` is empty)."""
+    if held is not None and not held:
+        return []
+    return (await job_claim_batch(conn, owner, limit, lease_s, held, aging_s)).jobs
+
+
+async def job_claim_batch(
+    conn: AsyncConnection,
+    owner: str,
+    limit: int,
+    lease_s: float,
+    held: dict[int, int] | None = None,
+    aging_s: float = default_of("priority_aging_s"),
+) -> ClaimBatch:
+    """Leases up to `limit` due jobs to `owner`, highest effective priority first (priority
+    plus one level per `aging_s` waited), then oldest due first.
+
+    `held` (partition -> epoch) fences the claim by ownership: only jobs in partitions whose
+    lease row still names `owner` with that epoch, unexpired, are taken. None claims from
+    every partition (tools and tests that run without ownership). SKIP LOCKED lets
+    concurrent schedulers claim disjoint batches without waiting.
+    """
+    if held is not None and not held:
+        raise ValueError("held names no partition: nothing may be claimed")
+    params: dict[str, Any] = {"owner": owner, "limit": limit, "lease_s": lease_s, "aging_s": aging_s}
+    if held is not None:
+        params["partitions"] = list(held)
+        params["epochs"] = list(held.values())
+    # Candidates stay row-locked until commit: no other claimer can take them meanwhile.
+    rows = (await conn.execute(_claim_statement(held is not None), params)).mappings().all()
+    db_now, next_due_at = rows[0]["db_now"], rows[0]["next_due_at"]
+    leased = [row for row in rows if row["id"] is not None]
+    limited_rows = [row for row in rows if row["candidate_limited"]]
+    if limited_rows:
+        wanted = Counter(row["candidate_target_id"] for row in limited_rows)
+        granted = await target_take_delivery_slots(conn, wanted)
+        ids = []
+        for row in limited_rows:  # in claim order: each limited target keeps its best jobs
+            if granted[row["candidate_target_id"]] > 0:
+                granted[row["candidate_target_id"]] -= 1
+                ids.append(row["candidate_id"])
+        if ids:
+            more = await conn.execute(_claim_limited_statement(), {"ids": ids, "owner": owner, "lease_s": lease_s})
+            leased.extend(more.mappings().all())
     claimed: list[ClaimedJob] = []
-    for leased in rows:
+    for row in leased:
         try:
-            claimed.append(claimed_from_row(leased))
+            claimed.append(claimed_from_row(row))
         except Exception as exc:  # one row that cannot be loaded must not stop every delivery
-            await _job_quarantine(conn, leased["id"], leased["lease_token"], f"{type(exc).__name__}: {exc}"[:300])
-    return claimed
+            await _job_quarantine(conn, row["id"], row["lease_token"], f"{type(exc).__name__}: {exc}"[:300])
+    return ClaimBatch(claimed, db_now, next_due_at)
+
+
+def _next_due_at(fenced: bool) -> Any:
+    """The earliest run_at still ahead among waiting jobs (in the held partitions when
+    fenced): one short index probe per priority level (ix_jobs_due), however large the table."""
+    partition_held = jobs.c.partition == func.any(bindparam("partitions", type_=ARRAY(SmallInteger)))
+    firsts = [
+        select(jobs.c.run_at)
+        .where(
+            jobs.c.state.in_(_CLAIMABLE),
+            jobs.c.priority == level,
+            jobs.c.run_at > func.now(),
+            *([partition_held] if fenced else []),
+        )
+        .order_by(jobs.c.run_at)
+        .limit(1)
+        .scalar_subquery()
+        for level in range(MIN_PRIORITY, MAX_PRIORITY + 1)
+    ]
+    return func.least(*firsts)
 
 
 async def _job_quarantine(conn: AsyncConnection, job_id: uuid.UUID, lease_token: uuid.UUID, error: str) -> None:

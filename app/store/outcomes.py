@@ -1,17 +1,20 @@
 """Jobs, recording attempts: the batched finish (group commit) that moves each job on under
 its lease, and the run and dead-letter rows it writes.
 
-The batch is one UPDATE guarded per row by state running and the lease token; an attempt
-it does not match was fenced (reaped or cancelled meanwhile) and writes nothing.
+The batch is one statement (the UPDATE and its run rows) guarded per row by state running
+and the lease token; an attempt it does not match was fenced (reaped or cancelled
+meanwhile) and writes nothing.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import uuid
 from typing import Any
 
-from sqlalchemy import DateTime, Double, Integer, Text, case, cast, func, literal, update
-from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy import DateTime, Double, Integer, Text, bindparam, case, cast, func, select, update
+from sqlalchemy.dialects.postgresql import ARRAY, UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.fire_times import Skipped
@@ -20,7 +23,7 @@ from app.domain.states import JobState
 from app.store.dead_letters import dead_letter_insert_many
 from app.store.job_rows import NO_LEASE
 from app.store.runs import run_insert_many
-from app.store.tables import job_state, jobs
+from app.store.tables import job_state, jobs, runs
 
 _OUTCOME_COLUMNS: list[tuple[str, Any]] = [
     ("id", UUID(as_uuid=True)),
@@ -32,41 +35,48 @@ _OUTCOME_COLUMNS: list[tuple[str, Any]] = [
     ("status_code", Integer),
     ("error", Text),
     ("ended_reason", Text),
+    # What the attempt's run row says besides the above (written in the same statement).
+    ("tenant_id", UUID(as_uuid=True)),
+    ("occurrence_id", UUID(as_uuid=True)),
+    ("scheduled_for", DateTime(timezone=True)),
+    ("attempt", Integer),
+    ("replica_id", Text),
+    ("started_at", DateTime(timezone=True)),
+    ("duration_ms", Integer),
+    ("outcome", Text),
 ]
 
 
-def _outcome_row(item: FinishedAttempt) -> dict[str, Any]:
-    step = item.step
-    return {
-        "id": item.job.id,
-        "lease_token": item.job.lease_token,
-        "new_state": step.state.value,
-        "retry_delay_s": step.retry_delay_s,
-        "next_at": step.next_occurrence_at,
-        "new_occurrence_id": uuid.uuid4() if step.state == JobState.SCHEDULED else None,
-        "status_code": item.result.status_code,
-        "error": item.result.error,
-        "ended_reason": step.ended_reason,
-    }
+def _outcome_row(item: FinishedAttempt) -> tuple[Any, ...]:
+    step, job, result = item.step, item.job, item.result
+    return (
+        job.id,
+        job.lease_token,
+        step.state.value,
+        step.retry_delay_s,
+        step.next_occurrence_at,
+        uuid.uuid4() if step.state == JobState.SCHEDULED else None,
+        result.status_code,
+        result.error,
+        step.ended_reason,
+        job.tenant_id,
+        job.occurrence_id,
+        job.scheduled_for,
+        job.attempt,
+        job.lease_owner,
+        result.started_at,
+        result.duration_ms,
+        str(result.outcome),
+    )
 
 
-async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
-    """Records attempts' outcomes and moves their jobs on, each guarded by its lease token.
-
-    One UPDATE for the whole batch (group commit), then the runs and dead letters of the
-    jobs it matched. Returns the (job id, lease token) pairs applied; an attempt missing
-    from it was fenced (reaped or cancelled meanwhile): its outcome is not applied and no
-    run is written for it here.
-    """
-    if not items:
-        return set()
-    # One outcome per lease: the same claim handed over twice must not write two runs.
-    items = list({item.lease: item for item in items}.values())
-    # The batch travels as one typed array per column, unnested into rows: the statement is
-    # the same for every batch size, so it is compiled once and cached (a VALUES list with
-    # literal rows would be compiled anew for every batch).
-    rows = [_outcome_row(item) for item in items]
-    arrays = [literal([row[name] for row in rows], ARRAY(type_)) for name, type_ in _OUTCOME_COLUMNS]
+@functools.cache
+def _finish_statement() -> Any:
+    """The batch's UPDATE of jobs with the attempts' run rows as a data-modifying CTE: one
+    statement, one round trip, built and compiled once. The batch travels as one typed array
+    per column (bind parameters named after the columns), unnested into rows."""
+    # Named apart from jobs' columns: a parameter named like a column would become a SET.
+    arrays = [bindparam(f"outcome_{name}", type_=ARRAY(type_)) for name, type_ in _OUTCOME_COLUMNS]
     outcome = func.unnest(*arrays).table_valued(*(name for name, _ in _OUTCOME_COLUMNS)).render_derived(name="outcome")
     new_state = cast(outcome.c.new_state, job_state)
     retry_delay_s = cast(outcome.c.retry_delay_s, Double)
@@ -74,7 +84,7 @@ async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt
     new_occurrence_id = cast(outcome.c.new_occurrence_id, UUID(as_uuid=True))
     retrying = outcome.c.new_state == JobState.RETRYING.value
     scheduled = outcome.c.new_state == JobState.SCHEDULED.value
-    stmt = (
+    applied = (
         update(jobs)
         .where(
             jobs.c.id == outcome.c.id,
@@ -101,16 +111,53 @@ async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt
             ended_reason=cast(outcome.c.ended_reason, Text),
         )
         .returning(jobs.c.id, outcome.c.lease_token)
+        .cte("applied")
     )
+    # The unnest is evaluated again for the runs (a second function scan of the same arrays,
+    # cheaper than materializing it): only the attempts whose UPDATE matched get a run row.
+    ran = outcome.alias("ran")
+    run_columns = ["job_id", "tenant_id", "occurrence_id", "scheduled_for", "attempt", "replica_id"]
+    run_columns += ["started_at", "status_code", "duration_ms", "outcome", "error"]
+    run_rows = select(
+        ran.c.id,
+        ran.c.tenant_id,
+        ran.c.occurrence_id,
+        ran.c.scheduled_for,
+        ran.c.attempt,
+        ran.c.replica_id,
+        ran.c.started_at,
+        ran.c.status_code,
+        ran.c.duration_ms,
+        ran.c.outcome,
+        ran.c.error,
+    ).join(applied, (applied.c.id == ran.c.id) & (applied.c.lease_token == ran.c.lease_token))
+    written = insert(runs).from_select(run_columns, run_rows).cte("written")
+    return select(applied.c.id, applied.c.lease_token).add_cte(written)
+
+
+async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
+    """Records attempts' outcomes and moves their jobs on, each guarded by its lease token.
+
+    One statement for the whole batch (group commit): the UPDATE and the run rows of the
+    jobs it matched; then, only when there are any, skipped-overlap runs and dead letters.
+    Returns the (job id, lease token) pairs applied; an attempt missing from it was fenced
+    (reaped or cancelled meanwhile): its outcome is not applied and no run is written for it.
+    """
+    if not items:
+        return set()
+    # One outcome per lease: the same claim handed over twice must not write two runs.
+    items = list({item.lease: item for item in items}.values())
+    columns = list(zip(*(_outcome_row(item) for item in items), strict=True))
+    params = {f"outcome_{name}": list(values) for (name, _), values in zip(_OUTCOME_COLUMNS, columns, strict=True)}
     # Matched by (id, token): a stale outcome for the same job in this batch is not "applied".
-    applied_leases = {(row.id, row.lease_token) for row in await conn.execute(stmt)}
+    applied_leases = {(row.id, row.lease_token) for row in await conn.execute(_finish_statement(), params)}
     done = [item for item in items if item.lease in applied_leases]
 
-    if done:
-        rows = [run_values(item.job, item.result) for item in done]
-        for item in done:
-            rows.extend(skipped_run_values(item.job, item.step.overlapped, RunOutcome.SKIPPED_OVERLAP, OVERLAP_REASON))
-        await run_insert_many(conn, rows)
+    skipped = []
+    for item in done:
+        skipped.extend(skipped_run_values(item.job, item.step.overlapped, RunOutcome.SKIPPED_OVERLAP, OVERLAP_REASON))
+    if skipped:
+        await run_insert_many(conn, skipped)
     letters = [dead_letter_values(item.job, item.result) for item in done if item.step.dead_letter]
     if letters:
         await dead_letter_insert_many(conn, letters)
@@ -162,7 +209,8 @@ def dead_letter_values(job: ClaimedJob, result: AttemptOutcome) -> dict[str, Any
     return {
         **_occurrence_values(job),
         "target_id": job.target_id,
-        "payload": job.payload,
+        # The row's JSON text as the claim read it, back to a value for the JSONB column.
+        "payload": json.loads(job.payload_json),
         "attempts": job.attempt,
         "last_status_code": result.status_code,
         "last_error": result.error,

@@ -35,7 +35,7 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     ("jobs", "job_resume"): ((S.PAUSED,), (S.SCHEDULED, S.RETRYING)),
     # PATCH: a new schedule or new bounds make a waiting job scheduled (a paused one stays paused).
     ("jobs", "job_update"): (CHANGEABLE_STATES, (S.SCHEDULED,)),
-    ("claims", "job_claim_due"): (CLAIMABLE_STATES, (S.RUNNING,)),
+    ("claims", "job_claim_batch"): (CLAIMABLE_STATES, (S.RUNNING,)),
     ("claims", "_job_quarantine"): (RUNNING, (S.PAUSED,)),
     ("claims", "job_release_claim"): (RUNNING, (S.SCHEDULED, S.RETRYING)),
     # The parent moves on; its child is inserted running (it carries the claim on).

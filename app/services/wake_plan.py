@@ -1,0 +1,63 @@
+"""When an idle scheduler wakes: at the next due time it learnt from its last claim, or
+earlier when a NOTIFY (app/services/due_listener.py) announces a job due before that; at
+most one poll interval later either way.
+
+Due times come on the database's clock; waits run on the local monotonic clock. The offset
+between them is taken from the database's now() read with each next-due probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+
+
+class WakePlan:
+    def __init__(self, wake: asyncio.Event) -> None:
+        self._wake = wake
+        self._next_due_mono: float | None = None
+        self._planned_mono: float | None = None
+        # The database's clock as epoch seconds = local monotonic time + this offset.
+        self._db_offset_s: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def forget_next_due(self) -> None:
+        self._next_due_mono = None
+
+    def note_next_due(self, db_now: dt.datetime, next_due_at: dt.datetime | None) -> None:
+        self._db_offset_s = db_now.timestamp() - time.monotonic()
+        if next_due_at is not None:
+            self._next_due_mono = next_due_at.timestamp() - self._db_offset_s
+
+    def wait_s(self, poll_interval_s: float) -> float:
+        """How long to sleep: until the next known due time, at most one poll interval."""
+        if self._next_due_mono is None:
+            return poll_interval_s
+        return min(poll_interval_s, max(0.0, self._next_due_mono - time.monotonic()))
+
+    def planned(self, wait_s: float | None) -> None:
+        """The loop is about to sleep `wait_s` (None: it is awake and claiming)."""
+        self._planned_mono = None if wait_s is None else time.monotonic() + wait_s
+
+    def on_due(self, due_epoch_s: float | None) -> None:
+        """A job became due at `due_epoch_s` (None: notices may have been lost): wake at that
+        time when it is earlier than the planned wake-up."""
+        if due_epoch_s is None or self._db_offset_s is None:
+            self._wake.set()
+            return
+        due_mono = due_epoch_s - self._db_offset_s
+        if self._planned_mono is not None and due_mono >= self._planned_mono:
+            return
+        self._planned_mono = due_mono
+        self.cancel()
+        delay = due_mono - time.monotonic()
+        if delay <= 0:
+            self._wake.set()
+        else:
+            self._timer = asyncio.get_running_loop().call_later(delay, self._wake.set)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
