@@ -15,12 +15,13 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
+from app.cli_security import add_security_commands
 from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
+from app.keyring import KeyRingError
 from app.logs import configure_logging, log_event
 from app.runtime import Runtime
 from app.services.startup import start_services
 from app.settings import Settings
-from app.store.tenants import api_key_create, tenant_ensure
 
 logger = logging.getLogger("app.cli")
 
@@ -62,10 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply database migrations").set_defaults(func=_cmd_migrate)
     sub.add_parser("openapi", help="print the OpenAPI document").set_defaults(func=_cmd_openapi)
 
-    keys = sub.add_parser("api-key", help="manage API keys").add_subparsers(dest="action", required=True)
-    create = keys.add_parser("create", help="create a key and print it (only the key) once")
-    create.add_argument("--tenant", required=True, help="tenant name; created if new")
-    create.set_defaults(func=_cmd_api_key_create)
+    add_security_commands(sub)
 
     check = sub.add_parser("cron-check", help="list cron jobs whose fire times changed with Vixie cron semantics")
     check.add_argument("--fires", type=fires_arg, default=DEFAULT_FIRES, help="fire times compared per job (1-1000)")
@@ -113,7 +111,7 @@ def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
         finally:
             log_event(logger, "scheduler_stopped", replica_id=settings.replica_id)
 
-    _run_role(settings, body)
+    run_role(settings, body)
 
 
 def _cmd_reaper(settings: Settings, args: argparse.Namespace) -> None:
@@ -122,29 +120,18 @@ def _cmd_reaper(settings: Settings, args: argparse.Namespace) -> None:
         log_event(logger, "reaper_started")
         await services.stopped()
 
-    _run_role(settings, body)
+    run_role(settings, body)
 
 
 def _cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
         log_event(logger, "migrated")
 
-    _run_role(settings, body, migrate=True)
+    run_role(settings, body, migrate=True)
 
 
 def _cmd_openapi(settings: Settings, args: argparse.Namespace) -> None:
     print(json.dumps(create_app(settings).openapi(), indent=2, sort_keys=True))  # noqa: T201
-
-
-def _cmd_api_key_create(settings: Settings, args: argparse.Namespace) -> None:
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        async with engine.begin() as conn:
-            tenant_id = await tenant_ensure(conn, args.tenant)
-            key = await api_key_create(conn, tenant_id)
-        log_event(logger, "api_key_created", tenant=args.tenant)
-        print(key)  # noqa: T201
-
-    _run_role(settings, body)
 
 
 def _cmd_cron_check(settings: Settings, args: argparse.Namespace) -> None:
@@ -154,12 +141,12 @@ def _cmd_cron_check(settings: Settings, args: argparse.Namespace) -> None:
         nonlocal changed
         changed = await cron_check(engine, args.fires, sys.stdout, as_json=args.json)
 
-    _run_role(settings, body)
+    run_role(settings, body)
     # Like diff: 1 when something is listed.
     raise SystemExit(1 if changed else 0)
 
 
-def _run_role(
+def run_role(
     settings: Settings,
     body: Callable[[AsyncEngine, asyncio.Event], Awaitable[None]],
     migrate: bool | None = None,
@@ -178,4 +165,8 @@ def _run_role(
         finally:
             await runtime.stop()
 
-    asyncio.run(runner())
+    try:
+        asyncio.run(runner())
+    except KeyRingError as exc:
+        print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
+        raise SystemExit(2) from None

@@ -34,6 +34,10 @@ from tests.receiver import Receiver
 
 # What tests that deliver to their own receivers must allow (CRONHOOK_EGRESS_ALLOW).
 LOOPBACK_ALLOWED = "127.0.0.0/8"
+# Secrets at rest in tests are sealed with this ring (Settings() reads it; processes the
+# e2e tests start get it from tests/e2e/test_processes.py base_env).
+TEST_SECRET_KEYS = "test1:" + "dGVzdC1rZXktZm9yLWNyb25ob29rLXRlc3RzLTMyYiE="
+os.environ.setdefault("CRONHOOK_SECRET_KEYS", TEST_SECRET_KEYS)
 
 
 def database_url(server_url: str, name: str) -> str:

@@ -13,8 +13,11 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
+from app.api.audit import RequestId
 from app.api.errors import CatchAll, install_error_handlers, problem_response
-from app.api.routes import cluster, dead_letters, health, job_control, jobs, schedules, targets
+from app.api.quotas import Quotas
+from app.api.routes import admin, audit, cluster, dead_letters, health, job_control, jobs, schedules, targets
+from app.keyring import install_key_ring
 from app.runtime import Runtime
 from app.services.startup import start_services
 from app.settings import Settings
@@ -36,6 +39,7 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None, run_servic
             return
         runtime = Runtime(settings)
         app.state.engine = await runtime.start()
+        app.state.quotas = Quotas(app.state.engine, settings)
         stop = asyncio.Event()
         services = start_services(app.state.engine, settings, stop, scheduler=run_services, reaper=run_services)
         try:
@@ -55,11 +59,15 @@ def create_app(settings: Settings, engine: AsyncEngine | None = None, run_servic
     )
     app.state.settings = settings
     if engine is not None:
+        # The caller owns the database (tests): the process's key ring comes from settings here.
         app.state.engine = engine
+        app.state.quotas = Quotas(engine, settings)
+        install_key_ring(settings.load_key_ring())
     install_error_handlers(app)
-    for module in (targets, jobs, job_control, dead_letters, schedules, cluster, health):
+    for module in (targets, jobs, job_control, dead_letters, schedules, audit, admin, cluster, health):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES)
+    app.add_middleware(RequestId)
     # Added last, so it wraps everything above: nothing unexpected escapes to the server.
     app.add_middleware(CatchAll)
     return app

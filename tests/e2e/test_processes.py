@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.tables import jobs
-from tests.conftest import LOOPBACK_ALLOWED, make_job, make_target
+from tests.conftest import LOOPBACK_ALLOWED, TEST_SECRET_KEYS, make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
 
 CRONHOOK = str(Path(sys.executable).parent / "cronhook")
@@ -26,6 +26,7 @@ def base_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CRONHOOK_")}
     # Receivers listen on 127.0.0.1, which the egress policy refuses by default.
     env["CRONHOOK_EGRESS_ALLOW"] = LOOPBACK_ALLOWED
+    env["CRONHOOK_SECRET_KEYS"] = TEST_SECRET_KEYS
     env.update(overrides)
     return env
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Query, Response
 from pydantic import AwareDatetime
 from sqlalchemy.engine import RowMapping
 
+from app.api.audit import Audited
 from app.api.checks import ensure_payload_fits
 from app.api.deps import Conn, SettingsDep, TenantId
 from app.api.errors import Problem
@@ -31,7 +32,7 @@ from app.store.jobs import db_now, job_create, job_create_many
 from app.store.pagination import decode_time_id_cursor
 from app.store.targets import target_lock_live, target_lock_live_many
 
-router = APIRouter(prefix="/v1/dead-letters", tags=["dead-letters"])
+router = APIRouter(prefix="/v1/dead-letters", tags=["dead-letters"], dependencies=[Audited])
 
 NOT_FOUND = "dead letter not found"
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
+from app.api.audit import Audited, set_audit_object
 from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job, require_live_target
-from app.api.deps import Conn, SettingsDep, TenantId
+from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
+from app.api.quota_checks import ensure_job_within_quotas
 from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public
 from app.api.schemas.pages import Page, page_of
 from app.domain.job_plan import plan_create
@@ -20,7 +22,7 @@ from app.store.jobs import db_now
 from app.store.pagination import decode_int_cursor, decode_time_id_cursor, encode_cursor
 from app.store.runs import run_list_for_job
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Audited])
 
 
 @router.post("", status_code=201, operation_id="createJob", responses=REPLAYED_RESPONSE_DOC)
@@ -29,6 +31,8 @@ async def create_job(
     tenant_id: TenantId,
     conn: Conn,
     settings: SettingsDep,
+    quotas: QuotasDep,
+    request: Request,
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic:
@@ -36,7 +40,9 @@ async def create_job(
     if (replay := await idempotent.begin()) is not None:
         return JobPublic.model_validate(replay.apply(response))
     ensure_payload_fits(body.payload, settings)
-    new = plan_create(body, tenant_id, settings.default_retry_policy, await db_now(conn))
+    now = await db_now(conn)
+    new = plan_create(body, tenant_id, settings.default_retry_policy, now)
+    await ensure_job_within_quotas(conn, quotas, tenant_id, new.schedule, new.policy, now)
     await require_live_target(conn, tenant_id, body.target_id)
     if new.dedup_key is None:
         row = await store.job_create(conn, new)
@@ -52,6 +58,7 @@ async def create_job(
             )
         row = created
     job = job_public(row)
+    set_audit_object(request, job.id)
     await idempotent.finish(201, job)
     return job
 
