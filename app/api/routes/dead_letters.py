@@ -23,7 +23,7 @@ from app.api.schemas.dead_letters import (
     ReplayedJob,
 )
 from app.api.schemas.jobs import JobPublic, RunPublic, job_public
-from app.api.schemas.pages import Page, page_of
+from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
 from app.domain.job import NewJob
 from app.domain.job_plan import plan_one_off
 from app.store import dead_letters as store
@@ -48,7 +48,9 @@ async def list_dead_letters(
     status_code: Annotated[int | None, Query(ge=100, le=599, description="last HTTP status")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
+    include: IncludePayload = None,
 ) -> Page[DeadLetterPublic]:
+    """Newest first; payloads (null by default) with `include=payload`, as for jobs."""
     after = decode_time_id_cursor(cursor) if cursor else None
     where = store.DeadLetterFilter(
         job_id=job_id,
@@ -57,8 +59,14 @@ async def list_dead_letters(
         until=_utc(until, "until"),
         last_status_code=status_code,
     )
-    rows = await store.dead_letter_list(conn, tenant_id, limit + 1, after, where)
-    return page_of(rows, limit, lambda row: DeadLetterPublic.model_validate(dict(row)))
+    rows = await store.dead_letter_list(conn, tenant_id, limit + 1, after, where, with_payload=False)
+    payloads: dict[uuid.UUID, Any] = {}
+    if include is not None:
+        rows, limit = rows_within_budget(rows, limit)
+        payloads = await store.dead_letter_payloads(conn, tenant_id, [row["id"] for row in rows[:limit]])
+    return page_of(
+        rows, limit, lambda row: DeadLetterPublic.model_validate({**row, "payload": payloads.get(row["id"])})
+    )
 
 
 @router.get("/{dead_letter_id}", operation_id="getDeadLetter")

@@ -14,7 +14,7 @@ from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.quota_checks import ensure_job_within_quotas
 from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public
-from app.api.schemas.pages import Page, page_of
+from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
 from app.domain.job_plan import plan_create
 from app.domain.states import JobState
 from app.store import jobs as store
@@ -72,12 +72,26 @@ async def list_jobs(
     parent_job_id: uuid.UUID | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
+    include: IncludePayload = None,
 ) -> Page[JobPublic]:
+    """Newest first. Payloads (null here by default) come with `include=payload`; a page then
+    ends early, with a `next_cursor`, once its payloads reach PAGE_PAYLOAD_BUDGET bytes."""
     after = decode_time_id_cursor(cursor) if cursor else None
     rows = await store.job_list(
-        conn, tenant_id, limit + 1, after, state=state, target_id=target_id, parent_job_id=parent_job_id
+        conn,
+        tenant_id,
+        limit + 1,
+        after,
+        state=state,
+        target_id=target_id,
+        parent_job_id=parent_job_id,
+        with_payload=False,
     )
-    return page_of(rows, limit, job_public)
+    if include is None:
+        return page_of(rows, limit, job_public)
+    rows, limit = rows_within_budget(rows, limit)
+    payloads = await store.job_payloads(conn, tenant_id, [row["id"] for row in rows[:limit]])
+    return page_of(rows, limit, lambda row: job_public(row, payloads.get(row["id"])))
 
 
 @router.get("/{job_id}", operation_id="getJob")
