@@ -76,7 +76,7 @@ async def test_rotating_the_sealing_key_reseals_everything_and_the_old_key_can_g
         assert sealed_key_id(secret) == "k2" and sealed_key_id(headers["X-Token"]) == "k2"
         only_new = parse_key_ring(new_entry)
         assert only_new.open(secret, SIGNING_SECRET) == target["secret"]
-        with pytest.raises(KeyRingError, match="test1|k2"):
+        with pytest.raises(KeyRingError, match="no key 'k2'"):
             parse_key_ring(TEST_SECRET_KEYS).open(secret, SIGNING_SECRET)
     finally:
         install_key_ring(parse_key_ring(TEST_SECRET_KEYS))
