@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import Depends, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.deps import Conn
+from app.api.deps import Conn, TenantId
 from app.store.audit import audit_append
 from app.store.tenants import Caller
 
@@ -53,7 +53,9 @@ def set_audit_object(request: Request, object_id: object) -> None:
     request.state.audit_object_id = str(object_id)
 
 
-async def _audited(request: Request, conn: Conn) -> AsyncIterator[None]:
+async def _audited(request: Request, tenant_id: TenantId, conn: Conn) -> AsyncIterator[None]:
+    # TenantId first: router dependencies are solved before the route's own, and the
+    # request must be admitted (app/api/quotas.py) before it takes a connection.
     yield
     if request.method not in MUTATING_METHODS:
         return
