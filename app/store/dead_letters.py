@@ -39,16 +39,12 @@ async def dead_letter_list(
     after: tuple[dt.datetime, uuid.UUID] | None,
     where: DeadLetterFilter = DeadLetterFilter(),
     with_payload: bool = True,
+    with_payload_bytes: bool = False,
 ) -> list[RowMapping]:
-    """Newest first; without `with_payload`, `payload_bytes` instead of the payload."""
-    columns = (
-        [*dead_letters.c]
-        if with_payload
-        else [
-            *(column for column in dead_letters.c if column.name != "payload"),
-            func.octet_length(cast(dead_letters.c.payload, Text)).label("payload_bytes"),
-        ]
-    )
+    """Newest first; optionally without payloads, and with each payload's JSON text size."""
+    columns: list[Any] = [*(column for column in dead_letters.c if with_payload or column.name != "payload")]
+    if with_payload_bytes:
+        columns.append(func.octet_length(cast(dead_letters.c.payload, Text)).label("payload_bytes"))
     stmt = _filtered(select(*columns), tenant_id, where or DeadLetterFilter())
     if after is not None:
         created, ident = after

@@ -112,14 +112,13 @@ async def job_list(
     target_id: uuid.UUID | None = None,
     parent_job_id: uuid.UUID | None = None,
     with_payload: bool = True,
+    with_payload_bytes: bool = False,
 ) -> list[RowMapping]:
-    """Newest first. Without `with_payload`, rows carry `payload_bytes` (its JSON text's
-    size) instead of the payload, so a page's memory does not grow with payload sizes."""
-    columns = (
-        [*jobs.c]
-        if with_payload
-        else [*LIST_COLUMNS, func.octet_length(cast(jobs.c.payload, Text)).label("payload_bytes")]
-    )
+    """Newest first. Without `with_payload`, a page's memory does not grow with payload
+    sizes; `with_payload_bytes` adds each payload's JSON text size (`payload_bytes`)."""
+    columns: list[Any] = [*jobs.c] if with_payload else [*LIST_COLUMNS]
+    if with_payload_bytes:
+        columns.append(func.octet_length(cast(jobs.c.payload, Text)).label("payload_bytes"))
     stmt = select(*columns).where(jobs.c.tenant_id == tenant_id)
     if state is not None:
         stmt = stmt.where(jobs.c.state == state)

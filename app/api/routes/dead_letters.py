@@ -59,7 +59,9 @@ async def list_dead_letters(
         until=_utc(until, "until"),
         last_status_code=status_code,
     )
-    rows = await store.dead_letter_list(conn, tenant_id, limit + 1, after, where, with_payload=False)
+    rows = await store.dead_letter_list(
+        conn, tenant_id, limit + 1, after, where, with_payload=False, with_payload_bytes=include is not None
+    )
     payloads: dict[uuid.UUID, Any] = {}
     if include is not None:
         rows, limit = rows_within_budget(rows, limit)

@@ -86,6 +86,7 @@ async def list_jobs(
         target_id=target_id,
         parent_job_id=parent_job_id,
         with_payload=False,
+        with_payload_bytes=include is not None,
     )
     if include is None:
         return page_of(rows, limit, job_public)
