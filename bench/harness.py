@@ -171,6 +171,9 @@ class Service:
             CRONHOOK_BOOTSTRAP_API_KEY=self.api_key,
             CRONHOOK_LOG_LEVEL="WARNING",
             CRONHOOK_DATA_DIR=str(log_path.parent / "cronhook-data"),
+            # Benches measure throughput: no per-tenant request rate or job-count quota.
+            CRONHOOK_TENANT_REQUESTS_PER_S="0",
+            CRONHOOK_TENANT_MAX_ACTIVE_JOBS="100000000",
         )
         self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
