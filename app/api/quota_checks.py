@@ -30,12 +30,19 @@ async def ensure_job_within_quotas(
     if violations:
         first = violations[0]
         raise Problem(422, f"{first.field}: {first.message}", slug="validation", field=first.field)
-    if new_jobs and await quotas.active_jobs(conn, tenant_id) + new_jobs > limits.max_active_jobs:
+    await ensure_room_for_jobs(conn, quotas, tenant_id, new_jobs)
+
+
+async def ensure_room_for_jobs(conn: AsyncConnection, quotas: Quotas, tenant_id: uuid.UUID, new_jobs: int) -> None:
+    """409 unless the tenant may have `new_jobs` more unfinished jobs (creates, triggers, replays)."""
+    if not new_jobs:
+        return
+    limits = await quotas.limits(conn, tenant_id)
+    if await quotas.active_jobs(conn, tenant_id) + new_jobs > limits.max_active_jobs:
         raise Problem(
             409,
             f"this tenant already has {limits.max_active_jobs} unfinished jobs, its limit",
             slug="quota-exceeded",
             extra={"limit": "max_active_jobs", "max_active_jobs": limits.max_active_jobs},
         )
-    if new_jobs:
-        quotas.jobs_created(tenant_id, new_jobs)
+    quotas.jobs_created(tenant_id, new_jobs)

@@ -148,3 +148,14 @@ async def test_concurrent_requests_never_exhaust_the_pool(api: httpx.AsyncClient
         asyncio.gather(*(api.get("/v1/targets", headers=auth) for _ in range(60))), timeout=30
     )
     assert {r.status_code for r in responses} == {200}
+
+
+async def test_triggers_count_against_the_unfinished_jobs_limit(api: httpx.AsyncClient, engine: AsyncEngine) -> None:
+    auth = await _tenant(api, "triggers", max_active_jobs=1)
+    target = await make_target(api, auth, "http://127.0.0.1:9/hook")
+    job = (
+        await api.post("/v1/jobs", json={"target_id": target["id"], "payload": {}, "every_s": 3600}, headers=auth)
+    ).json()
+    response = await api.post(f"/v1/jobs/{job['id']}/trigger", headers=auth)
+    assert response.status_code == 409 and response.json()["type"] == "urn:cronhook:problem:quota-exceeded"
+    assert await _count(engine, jobs) == 1

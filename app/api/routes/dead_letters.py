@@ -12,8 +12,9 @@ from sqlalchemy.engine import RowMapping
 
 from app.api.audit import Audited
 from app.api.checks import ensure_payload_fits
-from app.api.deps import Conn, SettingsDep, TenantId
+from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
+from app.api.quota_checks import ensure_room_for_jobs
 from app.api.schemas.dead_letters import (
     BulkReplayResult,
     DeadLetterBulkReplay,
@@ -81,7 +82,9 @@ async def get_dead_letter(dead_letter_id: uuid.UUID, tenant_id: TenantId, conn: 
 
 
 @router.post("/replay", operation_id="replayDeadLetters")
-async def replay_dead_letters(body: DeadLetterBulkReplay, tenant_id: TenantId, conn: Conn) -> BulkReplayResult:
+async def replay_dead_letters(
+    body: DeadLetterBulkReplay, tenant_id: TenantId, conn: Conn, quotas: QuotasDep
+) -> BulkReplayResult:
     """Replays matching dead letters as fresh jobs, oldest first, due `rate_per_s` per second."""
     where = store.DeadLetterFilter(
         job_id=body.job_id,
@@ -94,6 +97,7 @@ async def replay_dead_letters(body: DeadLetterBulkReplay, tenant_id: TenantId, c
     matched = await store.dead_letter_lock_for_replay(conn, tenant_id, where, body.limit)
     live = await target_lock_live_many(conn, tenant_id, {row["target_id"] for row in matched})
     rows = [row for row in matched if row["target_id"] in live]
+    await ensure_room_for_jobs(conn, quotas, tenant_id, len(rows))
     now = await db_now(conn)
     # Staggered due times cap the rate across every scheduler replica, with no extra state.
     due = [now + dt.timedelta(seconds=i / body.rate_per_s) for i in range(len(rows))]
@@ -117,6 +121,7 @@ async def replay_dead_letter(
     tenant_id: TenantId,
     conn: Conn,
     settings: SettingsDep,
+    quotas: QuotasDep,
     body: Annotated[DeadLetterReplay | None, Body()] = None,
 ) -> JobPublic:
     """A fresh one-off job, due now, with fresh attempts and the original job's retry policy."""
@@ -127,6 +132,7 @@ async def replay_dead_letter(
     payload = overrides.get("payload", row["payload"])
     target_id = overrides.get("target_id") or row["target_id"]
     ensure_payload_fits(payload, settings)
+    await ensure_room_for_jobs(conn, quotas, tenant_id, 1)
     if not await target_lock_live(conn, tenant_id, target_id):
         detail = "no such target" if "target_id" in overrides else "the target was deleted; pass another target_id"
         raise Problem(422, detail, slug="validation", field="target_id")

@@ -12,7 +12,7 @@ from app.api.audit import Audited
 from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job, require_live_target
 from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
-from app.api.quota_checks import ensure_job_within_quotas
+from app.api.quota_checks import ensure_job_within_quotas, ensure_room_for_jobs
 from app.api.schemas.jobs import JobPublic, JobUpdate, job_public
 from app.domain.job_plan import plan_one_off, plan_update
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
@@ -58,7 +58,7 @@ async def resume_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobP
 
 
 @router.post("/{job_id}/trigger", status_code=201, operation_id="triggerJob")
-async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPublic:
+async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn, quotas: QuotasDep) -> JobPublic:
     """One extra occurrence now, without shifting the job's own schedule.
 
     Returns the one-off job that carries it: same target, payload, priority and retry policy.
@@ -68,6 +68,7 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> Job
         raise _conflict(row, "trigger")
     if not await target_lock_live(conn, tenant_id, row["target_id"]):
         raise Problem(409, "the job's target was deleted", slug="target-deleted")
+    await ensure_room_for_jobs(conn, quotas, tenant_id, 1)
     new = plan_one_off(
         tenant_id=tenant_id,
         target_id=row["target_id"],
