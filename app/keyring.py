@@ -152,6 +152,8 @@ def seal(plaintext: str, purpose: str) -> str:
 
 
 def open_sealed(value: str, purpose: str) -> str:
+    if not is_sealed(value):
+        return value  # stored before encryption at rest (start-up seals it)
     return process_key_ring().open(value, purpose)
 
 
