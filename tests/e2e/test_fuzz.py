@@ -69,6 +69,7 @@ async def _fuzz(base: str, key: str, ids: dict[str, str], workdir: Path, seconds
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "SCHEMATHESIS_HOOKS": ""},
+        cwd=workdir,  # its cache folder (.schemathesis) goes there, not into the checkout
     )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=seconds + 240)
     assert proc.returncode is not None
