@@ -83,6 +83,8 @@ class ClaimedJob:
     # Recurring jobs: bounds and policies (None for one-offs), and occurrences delivered so far.
     recurrence: Recurrence | None = None
     occurrences_run: int = 0
+    # The target's own max_in_flight (None: the scheduler's default cap applies).
+    target_max_in_flight: int | None = None
 
     def attempt_context(self) -> AttemptContext:
         return AttemptContext(

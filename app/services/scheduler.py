@@ -14,12 +14,14 @@ import datetime as dt
 import logging
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.errors import is_transient_db_error
 from app.domain.egress import EgressPolicy
+from app.domain.fair_share import SlotShares, tenant_share_of
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
@@ -62,6 +64,8 @@ class SchedulerConfig:
     partition_lease_s: float = default_of("partition_lease_s")
     partition_renew_s: float = default_of("partition_renew_s")
     priority_aging_s: float = default_of("priority_aging_s")
+    tenant_max_share: float = default_of("tenant_max_share")
+    target_default_max_in_flight: int = default_of("target_default_max_in_flight")
     # Default: deliver to globally routable addresses only.
     egress: EgressPolicy = field(default_factory=EgressPolicy)
 
@@ -70,6 +74,8 @@ class SchedulerConfig:
             raise ValueError("lease_s must exceed max_target_timeout_s + lease_margin_s")
         if self.batch_size < 1 or self.concurrency < 1 or self.poll_interval_s <= 0:
             raise ValueError("batch_size, concurrency and poll_interval_s must be positive")
+        if not 0 < self.tenant_max_share <= 1 or self.target_default_max_in_flight < 1:
+            raise ValueError("tenant_max_share must be in (0, 1] and target_default_max_in_flight positive")
 
     @property
     def post_start_window_s(self) -> float:
@@ -89,6 +95,8 @@ class SchedulerConfig:
             partition_lease_s=settings.partition_lease_s,
             partition_renew_s=settings.partition_renew_s,
             priority_aging_s=settings.priority_aging_s,
+            tenant_max_share=settings.tenant_max_share,
+            target_default_max_in_flight=settings.target_default_max_in_flight,
             egress=settings.egress_policy,
         )
 
@@ -118,6 +126,12 @@ class Scheduler:
         self._posting = 0
         self._backlog_limit = 2 * config.concurrency
         self._last_short = False
+        # Per-tenant and per-target shares of the `concurrency` slots (app/domain/fair_share.py).
+        self.shares = SlotShares(
+            tenant_share_of(config.concurrency, config.tenant_max_share),
+            config.target_default_max_in_flight,
+            self._refill,
+        )
 
     async def start(self) -> None:
         if not self._started:
@@ -170,11 +184,23 @@ class Scheduler:
         held = self.ownership.held()
         if not held:
             return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
+        full_before = self.shares.full_count()
         async with self._engine.begin() as conn:
             batch = await job_claim_batch(
-                conn, self.config.replica_id, requested, self.config.lease_s, held, self.config.priority_aging_s
+                conn,
+                self.config.replica_id,
+                requested,
+                self.config.lease_s,
+                held,
+                self.config.priority_aging_s,
+                self.shares.claim_shares(),
             )
         claimed = batch.jobs
+        for job in claimed:
+            self.shares.take(job.tenant_id, _default_capped(job))
+        # A tenant or target that reached its share in this batch had its surplus dropped;
+        # jobs of others may wait behind its backlog: claim again at once, skipping it.
+        newly_full = self.shares.full_count() > full_before
         if len(claimed) < requested:
             # Drained what is due: wake when the next job falls due.
             self._wake_plan.note_next_due(batch.db_now, batch.next_due_at)
@@ -189,11 +215,14 @@ class Scheduler:
             started.append(task)
         if wait and started:
             await asyncio.gather(*started)
-        return {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
+        counts = {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
+        return {**counts, "newly_full": int(newly_full)}
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:
         # Everything asked for was due: more probably is, so claim again at once.
         if counts["requested"] and counts["claimed"] >= counts["requested"]:
+            return 0.0
+        if counts.get("newly_full"):
             return 0.0
         # Nearly full, `wake` ends the wait once enough delivery slots are free. Otherwise
         # sleep until the next known due time, at most one poll interval (jobs in partitions
@@ -259,7 +288,8 @@ class Scheduler:
             finished = await self._attempt(job, epoch, claimed_mono)
         finally:
             self._posting -= 1
-            if self.config.concurrency - self._posting == self._refill:
+            share_freed = self.shares.give_back(job.tenant_id, _default_capped(job))
+            if share_freed or self.config.concurrency - self._posting == self._refill:
                 self.wake.set()
         if finished is None:
             return
@@ -355,6 +385,11 @@ class Scheduler:
         if not applied or plan.deliver_at is None:
             return None
         return dataclasses.replace(job, scheduled_for=plan.deliver_at)
+
+
+def _default_capped(job: ClaimedJob) -> uuid.UUID | None:
+    """The job's target, when the scheduler's default in-flight cap applies to it."""
+    return job.target_id if job.target_max_in_flight is None else None
 
 
 def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:
