@@ -55,9 +55,17 @@ def candidate_scans(conditions: list[ColumnElement[bool]], skipping_full: bool) 
         if skipping_full:
             # An array of ids (one initplan) makes the planner probe the primary key for each,
             # where `IN (subquery)` could walk the whole level past a full tenant's backlog.
-            ahead = select(func.array_agg(jobs.c.id)).select_from(
-                select(jobs.c.id).where(*in_level).order_by(jobs.c.run_at).limit(bindparam("lookahead")).subquery()
+            # Its own scan of `jobs`, not correlated with the outer one (SQL binds `jobs` to
+            # the nearest FROM).
+            window = (
+                select(jobs.c.id)
+                .where(*in_level)
+                .order_by(jobs.c.run_at)
+                .limit(bindparam("lookahead", type_=Integer))
+                .correlate(None)
+                .subquery(f"ahead_{level}")
             )
+            ahead = select(func.array_agg(window.c.id)).correlate(None)
             in_level = [
                 jobs.c.id == func.any(cast(ahead.scalar_subquery(), _UUIDS)),
                 *in_level,
