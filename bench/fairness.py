@@ -24,7 +24,6 @@ import datetime as dt
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +97,7 @@ async def add_jobs(
         news = []
         for i in range(count):
             due = dt.datetime.fromtimestamp(first_due + i * step_s, dt.UTC)
-            news.append(
-                NewJob(tenant_id, target_ids[i % targets], None, {"i": i}, 0, OnceSchedule(due), due, policy)
-            )
+            news.append(NewJob(tenant_id, target_ids[i % targets], None, {"i": i}, 0, OnceSchedule(due), due, policy))
         await job_create_many(conn, news)
 
 

@@ -8,14 +8,15 @@ those candidates. Then each target without a max_in_flight of its own keeps at m
 free slots (its best jobs), each tenant keeps at most its free share, and the best `limit`
 of what is left are the batch.
 
-Tenants and targets already at their share are left out of the scans themselves, or their
-backlog of older jobs would fill every level's candidates and hide the others' jobs. Those
-scans look at most `lookahead` due jobs deep per level, so a claim stays bounded however
-large a full tenant's backlog is.
+While some tenant or target is at its share, the scans go tenant by tenant instead
+(ix_jobs_tenant_due) and leave the full ones out, or a full tenant's backlog of older jobs
+would fill every level's candidates and hide the others' jobs: one short probe per tenant
+and level, however deep that backlog is.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from sqlalchemy import (
@@ -25,62 +26,74 @@ from sqlalchemy import (
     all_,
     bindparam,
     case,
-    cast,
     column,
     func,
     select,
+    true,
     union_all,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 
 from app.domain.fair_share import ClaimShares
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
-from app.store.tables import jobs, targets
+from app.store.tables import jobs, targets, tenants
 
-# How deep a scan that skips full tenants and targets looks, per priority level and per
-# job asked for (at least LOOKAHEAD_MIN): bounded work per claim.
-LOOKAHEAD_PER_JOB = 10
-LOOKAHEAD_MIN = 1000
+# The most tenants one claim that skips full tenants looks at (the next claim starts at
+# another one).
+TENANT_PAGE = 200
 
 _UUIDS = ARRAY(UUID(as_uuid=True))
 
 
 def candidate_scans(conditions: list[ColumnElement[bool]], skipping_full: bool) -> Any:
     """The candidates (id, tenant_id, target_id, priority, run_at), locked with SKIP LOCKED
-    so concurrent claimers take disjoint ones; one short index scan (ix_jobs_due) per level."""
+    so concurrent claimers take disjoint ones."""
     limit = bindparam("limit", type_=Integer)
-    levels = []
-    for level in range(MIN_PRIORITY, MAX_PRIORITY + 1):
-        in_level = [*conditions, jobs.c.priority == level]
-        if skipping_full:
-            # An array of ids (one initplan) makes the planner probe the primary key for each,
-            # where `IN (subquery)` could walk the whole level past a full tenant's backlog.
-            # Its own scan of `jobs`, not correlated with the outer one (SQL binds `jobs` to
-            # the nearest FROM).
-            window = (
-                select(jobs.c.id)
-                .where(*in_level)
-                .order_by(jobs.c.run_at)
-                .limit(bindparam("lookahead", type_=Integer))
-                .correlate(None)
-                .subquery(f"ahead_{level}")
-            )
-            ahead = select(func.array_agg(window.c.id)).correlate(None)
-            in_level = [
-                jobs.c.id == func.any(cast(ahead.scalar_subquery(), _UUIDS)),
-                *in_level,
-                jobs.c.tenant_id != all_(bindparam("full_tenants", type_=_UUIDS)),
-                jobs.c.target_id != all_(bindparam("full_targets", type_=_UUIDS)),
-            ]
-        levels.append(
-            select(jobs.c.id, jobs.c.tenant_id, jobs.c.target_id, jobs.c.priority, jobs.c.run_at)
-            .where(*in_level)
+    columns = (jobs.c.id, jobs.c.tenant_id, jobs.c.target_id, jobs.c.priority, jobs.c.run_at)
+    levels = range(MIN_PRIORITY, MAX_PRIORITY + 1)
+    if not skipping_full:
+        # One short index scan (ix_jobs_due) per level.
+        scans = [
+            select(*columns)
+            .where(*conditions, jobs.c.priority == level)
             .order_by(jobs.c.run_at)
             .limit(limit)
             .with_for_update(skip_locked=True, of=jobs)
             .cte(f"level_{level}")
+            for level in levels
+        ]
+        return union_all(*(select(scan) for scan in scans)).subquery("candidates")
+    # Some tenants or targets are at their share: scanning by level would walk past their
+    # backlog. Instead, tenant by tenant (up to `tenant_page` of the others, starting after
+    # `tenant_after`, so that with more tenants every claim starts elsewhere), one probe of
+    # ix_jobs_tenant_due per level, each taking no more than the tenant's free share.
+    tenant_free = _free("tenant")
+    free = func.least(limit, func.coalesce(tenant_free.c.free, bindparam("tenant_share", type_=Integer)))
+    page = (
+        select(tenants.c.id, free.label("free"))
+        .outerjoin(tenant_free, tenant_free.c.id == tenants.c.id)
+        .where(tenants.c.id != all_(bindparam("full_tenants", type_=_UUIDS)))
+        .order_by(tenants.c.id <= bindparam("tenant_after", type_=UUID(as_uuid=True)), tenants.c.id)
+        .limit(bindparam("tenant_page", type_=Integer))
+        .cte("tenant_page")
+    )
+    selects = []
+    for level in levels:
+        scan = (
+            select(*columns)
+            .where(
+                *conditions,
+                jobs.c.tenant_id == page.c.id,
+                jobs.c.priority == level,
+                jobs.c.target_id != all_(bindparam("full_targets", type_=_UUIDS)),
+            )
+            .order_by(jobs.c.run_at)
+            .limit(page.c.free)
+            .with_for_update(skip_locked=True, of=jobs)
+            .lateral(f"level_{level}")
         )
-    return union_all(*(select(level) for level in levels)).subquery("candidates")
+        selects.append(select(scan).select_from(page.join(scan, true())))
+    return union_all(*selects).subquery("candidates")
 
 
 def _free(name: str) -> Any:
@@ -156,5 +169,6 @@ def share_params(shares: ClaimShares | None, limit: int) -> dict[str, Any]:
         "target_cap": shares.target_cap,
         "full_tenants": shares.full_tenants,
         "full_targets": shares.full_targets,
-        "lookahead": max(LOOKAHEAD_MIN, LOOKAHEAD_PER_JOB * limit),
+        "tenant_page": TENANT_PAGE,
+        "tenant_after": uuid.uuid4(),
     }

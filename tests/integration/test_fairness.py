@@ -3,6 +3,7 @@ is skipped (its older backlog hides nobody), and a batch keeps each within its f
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections import Counter
 
@@ -28,14 +29,18 @@ async def claim(engine: AsyncEngine, limit: int, shares: ClaimShares | None) -> 
 async def test_a_tenant_at_its_share_is_skipped_however_deep_its_older_backlog(engine: AsyncEngine) -> None:
     noisy, noisy_target = await make_tenant_and_target(engine, UNUSED)
     quiet, quiet_target = await make_tenant_and_target(engine, UNUSED)
-    await make_jobs(engine, noisy, noisy_target, 300, due_in_s=-60)  # due long before
+    async with engine.begin() as conn:  # a deep backlog, due long before
+        due = await db_now(conn) - dt.timedelta(minutes=1)
+        backlog = NewJob(noisy, noisy_target, None, {}, 0, OnceSchedule(due), due, RetryPolicy(3, 1.0, 4.0))
+        for _ in range(3):  # asyncpg takes at most 32,767 parameters a statement
+            await job_create_many(conn, [backlog] * 1000)
     (quiet_job,) = await make_jobs(engine, quiet, quiet_target, 1, due_in_s=-1)
 
     # Without shares the oldest jobs fill the batch (priority aging), the quiet job waits.
     unshared = await claim(engine, 10, None)
     assert {job.tenant_id for job in unshared} == {noisy}
 
-    # The noisy tenant holds its whole share: the claim skips its 290 older jobs.
+    # The noisy tenant holds its whole share: the claim skips its 2,990 older jobs.
     full = ClaimShares(tenant_free={noisy: 0}, tenant_share=10, target_cap=50)
     assert [job.id for job in await claim(engine, 10, full)] == [quiet_job]
 
