@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     # slots a tenant's deliveries may hold, and how many deliveries one scheduler starts at
     # once to a target that sets no max_in_flight of its own.
     tenant_max_share: float = Field(default=0.5, gt=0, le=1)
-    target_default_max_in_flight: int = Field(default=50, ge=1, le=10_000)
+    target_default_max_in_flight: int = Field(default=100, ge=1, le=10_000)
 
     # Reaper.
     reaper_interval_s: float = Field(default=5.0, gt=0, le=3600)

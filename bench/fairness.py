@@ -10,8 +10,8 @@ header; p50/p99/max in ms. Also: the most noisy requests held at once, and how m
 requests were answered before the last quiet one arrived (0: every quiet job went while the
 noisy tenant's first deliveries still hung).
 
-Phases: the noisy tenant's jobs on one target (the issue's scenario: the default per-target
-cap binds first) and on five (no target reaches the cap, the tenant share binds).
+Phases: the noisy tenant's jobs on one target (the issue's scenario) and on five (no target
+reaches the default per-target cap, the tenant share binds).
 
     .venv/bin/python bench/fairness.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
 """

@@ -50,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 # The least time between two claims that each drained everything due (see tick()).
 MIN_CLAIM_GAP_S = 0.005
+# The least time between two claims that came back short while some tenant or target was
+# at its share (see idle_wait_s()).
+HELD_BACK_WAIT_S = 0.025
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,6 @@ class Scheduler:
         held = self.ownership.held()
         if not held:
             return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
-        full_before = self.shares.full_count()
         async with self._engine.begin() as conn:
             batch = await job_claim_batch(
                 conn,
@@ -198,9 +200,6 @@ class Scheduler:
         claimed = batch.jobs
         for job in claimed:
             self.shares.take(job.tenant_id, _default_capped(job))
-        # A tenant or target that reached its share in this batch had its surplus dropped;
-        # jobs of others may wait behind its backlog: claim again at once, skipping it.
-        newly_full = self.shares.full_count() > full_before
         if len(claimed) < requested:
             # Drained what is due: wake when the next job falls due.
             self._wake_plan.note_next_due(batch.db_now, batch.next_due_at)
@@ -216,14 +215,18 @@ class Scheduler:
         if wait and started:
             await asyncio.gather(*started)
         counts = {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
-        return {**counts, "newly_full": int(newly_full)}
+        return {**counts, "some_full": int(self.shares.full_count() > 0)}
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:
         # Everything asked for was due: more probably is, so claim again at once.
         if counts["requested"] and counts["claimed"] >= counts["requested"]:
             return 0.0
-        if counts.get("newly_full"):
-            return 0.0
+        if counts.get("some_full"):
+            # Jobs of a tenant or target at its share may be all that is due (the next due
+            # time says nothing then), or may hide others' jobs from this claim (the next
+            # one skips it). Claim again when its slots free up (`wake`), when a NOTIFY or
+            # the next due time says so, but not more often than this.
+            return max(HELD_BACK_WAIT_S, self._wake_plan.wait_s(self.config.poll_interval_s))
         # Nearly full, `wake` ends the wait once enough delivery slots are free. Otherwise
         # sleep until the next known due time, at most one poll interval (jobs in partitions
         # taken over, and due times that no notice announced, are found by the poll).

@@ -45,8 +45,8 @@ async def test_a_tenant_whose_receivers_hang_leaves_the_other_tenants_jobs_on_ti
 ) -> None:
     share = int(default_of("concurrency") * default_of("tenant_max_share"))  # 100 of 200 slots
     noisy, _ = await make_tenant_and_target(engine, receiver.url("/unused"))
-    # 250 jobs over five targets: no target reaches the default per-target cap (50) before
-    # the tenant reaches its share.
+    # 250 jobs over five targets: no target reaches the default per-target cap (100); the
+    # tenant share binds.
     for n in range(5):
         target = await add_target(engine, noisy, receiver.url(f"/noisy?target={n}"), timeout_s=30)
         await make_jobs(engine, noisy, target, 50, due_in_s=-1)
