@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     partition_renew_s: float = Field(default=3.0, gt=0, le=600)
     # A due job gains one priority level per this many seconds waited (app/domain/priority.py).
     priority_aging_s: float = Field(default=60.0, gt=0, le=86_400)
+    # Fairness (app/domain/fair_share.py): the largest fraction of one scheduler's delivery
+    # slots a tenant's deliveries may hold, and how many deliveries one scheduler starts at
+    # once to a target that sets no max_in_flight of its own.
+    tenant_max_share: float = Field(default=0.5, gt=0, le=1)
+    target_default_max_in_flight: int = Field(default=100, ge=1, le=10_000)
 
     # Reaper.
     reaper_interval_s: float = Field(default=5.0, gt=0, le=3600)

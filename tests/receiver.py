@@ -23,6 +23,8 @@ class Reply:
     delay_s: float = 0.0
     body: bytes = b"ok"
     headers: dict[str, str] = field(default_factory=dict)
+    # Hang until this is set (a receiver that stops answering), then answer.
+    hold: asyncio.Event | None = None
 
 
 class Receiver:
@@ -31,6 +33,8 @@ class Receiver:
         # Replies used in order, one per request; then `default`.
         self.script: list[Reply] = []
         self.default = Reply()
+        # Replies by request path, where no script is left (before `default`).
+        self.by_path: dict[str, Reply] = {}
         self._runner: web.AppRunner | None = None
         self.port = 0
         # Requests being answered right now, and the most ever at once, per path.
@@ -63,9 +67,11 @@ class Receiver:
         self.in_flight[path] = self.in_flight.get(path, 0) + 1
         self.max_in_flight[path] = max(self.max_in_flight.get(path, 0), self.in_flight[path])
         try:
-            reply = self.script.pop(0) if self.script else self.default
+            reply = self.script.pop(0) if self.script else self.by_path.get(path, self.default)
             if reply.delay_s:
                 await asyncio.sleep(reply.delay_s)
+            if reply.hold is not None:
+                await reply.hold.wait()
             return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
         finally:
             self.in_flight[path] -= 1

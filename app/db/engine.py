@@ -25,7 +25,10 @@ def create_engine(
     pool on a disconnect), and the API retries its first statement once (app/api/deps.py)."""
     # Our transactions never wait on anything but the database; one left idle means its
     # process stalled while holding row locks (see Settings.db_idle_in_transaction_timeout_s).
-    server_settings = {}
+    # No JIT: every statement here is short, and a plan whose row estimates run high (the
+    # claim's per-tenant scans: the planner cannot know each LIMIT) would spend seconds
+    # compiling what runs in milliseconds.
+    server_settings = {"jit": "off"}
     if idle_in_transaction_timeout_s > 0:
         server_settings["idle_in_transaction_session_timeout"] = str(round(idle_in_transaction_timeout_s * 1000))
     return create_async_engine(

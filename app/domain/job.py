@@ -85,6 +85,8 @@ class ClaimedJob:
     occurrences_run: int = 0
     # The secret a rotation replaced, still signing during its grace period.
     previous_signing_secret: str | None = None
+    # The target's own max_in_flight (None: the scheduler's default cap applies).
+    target_max_in_flight: int | None = None
 
     def attempt_context(self) -> AttemptContext:
         return AttemptContext(

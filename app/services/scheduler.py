@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app import metrics
 from app.db.errors import is_transient_db_error
 from app.domain.egress import EgressPolicy
+from app.domain.fair_share import SlotShares, tenant_share_of
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
@@ -50,6 +52,9 @@ logger = logging.getLogger(__name__)
 
 # The least time between two claims that each drained everything due (see tick()).
 MIN_CLAIM_GAP_S = 0.005
+# The least time between two claims that came back short while some tenant or target was
+# at its share (see idle_wait_s()).
+HELD_BACK_WAIT_S = 0.025
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class SchedulerConfig:
     partition_lease_s: float = default_of("partition_lease_s")
     partition_renew_s: float = default_of("partition_renew_s")
     priority_aging_s: float = default_of("priority_aging_s")
+    tenant_max_share: float = default_of("tenant_max_share")
+    target_default_max_in_flight: int = default_of("target_default_max_in_flight")
     # Default: deliver to globally routable addresses only.
     egress: EgressPolicy = field(default_factory=EgressPolicy)
 
@@ -72,6 +79,8 @@ class SchedulerConfig:
             raise ValueError("lease_s must exceed max_target_timeout_s + lease_margin_s")
         if self.batch_size < 1 or self.concurrency < 1 or self.poll_interval_s <= 0:
             raise ValueError("batch_size, concurrency and poll_interval_s must be positive")
+        if not 0 < self.tenant_max_share <= 1 or self.target_default_max_in_flight < 1:
+            raise ValueError("tenant_max_share must be in (0, 1] and target_default_max_in_flight positive")
 
     @property
     def post_start_window_s(self) -> float:
@@ -91,6 +100,8 @@ class SchedulerConfig:
             partition_lease_s=settings.partition_lease_s,
             partition_renew_s=settings.partition_renew_s,
             priority_aging_s=settings.priority_aging_s,
+            tenant_max_share=settings.tenant_max_share,
+            target_default_max_in_flight=settings.target_default_max_in_flight,
             egress=settings.egress_policy,
         )
 
@@ -115,6 +126,12 @@ class Scheduler:
         # Free delivery slots worth a claim while deliveries are in flight.
         self._refill = max(1, min(config.batch_size, config.concurrency) // 2)
         self._last_short = False
+        # Per-tenant and per-target shares of the `concurrency` slots (app/domain/fair_share.py).
+        self.shares = SlotShares(
+            tenant_share_of(config.concurrency, config.tenant_max_share),
+            config.target_default_max_in_flight,
+            self._refill,
+        )
 
     async def start(self) -> None:
         if not self._started:
@@ -169,9 +186,17 @@ class Scheduler:
             return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
         async with self._engine.begin() as conn:
             batch = await job_claim_batch(
-                conn, self.config.replica_id, requested, self.config.lease_s, held, self.config.priority_aging_s
+                conn,
+                self.config.replica_id,
+                requested,
+                self.config.lease_s,
+                held,
+                self.config.priority_aging_s,
+                self.shares.claim_shares(),
             )
         claimed = batch.jobs
+        for job in claimed:
+            self.shares.take(job.tenant_id, _default_capped(job))
         if len(claimed) < requested:
             # Drained what is due: wake when the next job falls due.
             self._wake_plan.note_next_due(batch.db_now, batch.next_due_at)
@@ -185,12 +210,19 @@ class Scheduler:
             started.append(task)
         if wait and started:
             await asyncio.gather(*started)
-        return {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
+        counts = {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
+        return {**counts, "some_full": int(self.shares.full_count() > 0)}
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:
         # Everything asked for was due: more probably is, so claim again at once.
         if counts["requested"] and counts["claimed"] >= counts["requested"]:
             return 0.0
+        if counts.get("some_full"):
+            # Jobs of a tenant or target at its share may be all that is due (the next due
+            # time says nothing then), or may hide others' jobs from this claim (the next
+            # one skips it). Claim again when its slots free up (`wake`), when a NOTIFY or
+            # the next due time says so, but not more often than this.
+            return max(HELD_BACK_WAIT_S, self._wake_plan.wait_s(self.config.poll_interval_s))
         # Nearly full, `wake` ends the wait once enough delivery slots are free. Otherwise
         # sleep until the next known due time, at most one poll interval (jobs in partitions
         # taken over, and due times that no notice announced, are found by the poll).
@@ -253,7 +285,12 @@ class Scheduler:
         return self.config.concurrency - len(self._tasks)
 
     async def _deliver(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> None:
-        finished = await self._attempt(job, epoch, claimed_mono)
+        try:
+            finished = await self._attempt(job, epoch, claimed_mono)
+        finally:
+            # The tenant's and target's shares free once the POST is answered (or never made).
+            if self.shares.give_back(job.tenant_id, _default_capped(job)):
+                self.wake.set()
         if finished is None:
             return
         job, result, step = finished.job, finished.result, finished.step
@@ -351,6 +388,11 @@ class Scheduler:
         if not applied or plan.deliver_at is None:
             return None
         return dataclasses.replace(job, scheduled_for=plan.deliver_at)
+
+
+def _default_capped(job: ClaimedJob) -> uuid.UUID | None:
+    """The job's target, when the scheduler's default in-flight cap applies to it."""
+    return job.target_id if job.target_max_in_flight is None else None
 
 
 def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:

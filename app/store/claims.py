@@ -21,7 +21,6 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     Double,
-    Integer,
     SmallInteger,
     Text,
     bindparam,
@@ -32,12 +31,12 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
-    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.fair_share import ClaimShares
 from app.domain.fire_times import Skipped
 from app.domain.job import ClaimedJob, RunOutcome
 from app.domain.occurrences import EndReason
@@ -47,6 +46,7 @@ from app.domain.schedule import OnceSchedule
 from app.domain.states import CLAIMABLE_STATES, JobState
 from app.logs import log_event
 from app.settings import default_of
+from app.store.claim_ranking import candidate_scans, fair_ranking, share_params
 from app.store.job_rows import CLAIMED_JOB_COLUMNS, NO_LEASE, claimed_from_row, schedule_columns
 from app.store.outcomes import MISSED_REASON, skipped_run_values
 from app.store.runs import run_insert_many
@@ -64,16 +64,17 @@ def _leased(job_id: uuid.UUID, lease_token: uuid.UUID) -> list[ColumnElement[boo
 
 
 @functools.cache
-def _claim_statement(fenced: bool) -> Any:
-    """The claim, built once (one per fencing mode) with bind parameters, so SQLAlchemy's
-    compiled cache and asyncpg's prepared statement are reused by every poll.
+def _claim_statement(fenced: bool, skipping_full: bool) -> Any:
+    """The claim, built once per (fencing, skipping full tenants/targets) with bind
+    parameters, so SQLAlchemy's compiled cache and asyncpg's prepared statement are reused
+    by every poll.
 
-    One statement: the level scans lock candidates, `due` ranks them, `claimed` leases the
-    ones whose target has no delivery limit and returns them, and the result lists every
-    ranked candidate (leased or not) in claim order. Candidates of a limited target come
-    back unleased, for the caller to take delivery slots and lease them by id.
+    One statement: the level scans lock candidates, `due` ranks them within the fair shares
+    (app/store/claim_ranking.py), `claimed` leases the ones whose target has no delivery
+    limit and returns them, and the result lists every ranked candidate (leased or not) in
+    claim order. Candidates of a limited target come back unleased, for the caller to take
+    delivery slots and lease them by id.
     """
-    limit = bindparam("limit", type_=Integer)
     saturated = target_saturated_ids().cte("saturated")
     conditions = [
         jobs.c.state.in_(_CLAIMABLE),
@@ -102,37 +103,8 @@ def _claim_statement(fenced: bool) -> Any:
             .cte("owned")
         )
         conditions.append(jobs.c.partition.in_(select(owned.c.partition)))
-    # Priority with aging (app/domain/priority.py): within one priority level, the longest
-    # waiting job has the highest effective priority, so the `limit` best jobs overall are
-    # among the `limit` oldest due jobs of each level. Ten short index scans (ix_jobs_due:
-    # priority, run_at) find and lock those candidates, however large the backlog; SKIP
-    # LOCKED in each keeps concurrent claimers on disjoint candidates. Candidates not taken
-    # stay locked only until this transaction ends.
-    levels = [
-        select(jobs.c.id, jobs.c.target_id, jobs.c.priority, jobs.c.run_at)
-        .where(*conditions, jobs.c.priority == level)
-        .order_by(jobs.c.run_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True, of=jobs)
-        .cte(f"level_{level}")
-        for level in range(MIN_PRIORITY, MAX_PRIORITY + 1)
-    ]
-    candidates = union_all(*(select(level) for level in levels)).subquery("candidates")
-    waited_s = func.extract("epoch", func.now() - candidates.c.run_at)
-    effective = candidates.c.priority + func.greatest(waited_s, 0) / bindparam("aging_s", type_=Double)
-    limited = targets.c.max_in_flight.is_not(None) | targets.c.rate_per_s.is_not(None)
-    due = (
-        select(
-            candidates.c.id,
-            candidates.c.target_id,
-            limited.label("limited"),
-            func.row_number().over(order_by=(effective.desc(), candidates.c.run_at)).label("rank"),
-        )
-        .join(targets, targets.c.id == candidates.c.target_id)
-        .order_by(effective.desc(), candidates.c.run_at)
-        .limit(limit)
-        .cte("due")
-    )
+    # Candidates not taken stay locked only until this transaction ends.
+    due = fair_ranking(candidate_scans(conditions, skipping_full))
     unlimited_ids = select(func.array_agg(due.c.id)).where(due.c.limited.is_(False))
     claimed = (
         update(jobs)
@@ -225,9 +197,11 @@ async def job_claim_batch(
     lease_s: float,
     held: dict[int, int] | None = None,
     aging_s: float = default_of("priority_aging_s"),
+    shares: ClaimShares | None = None,
 ) -> ClaimBatch:
     """Leases up to `limit` due jobs to `owner`, highest effective priority first (priority
-    plus one level per `aging_s` waited), then oldest due first.
+    plus one level per `aging_s` waited), then oldest due first, each tenant and each target
+    without a max_in_flight of its own within its free share of `shares` (None: no shares).
 
     `held` (partition -> epoch) fences the claim by ownership: only jobs in partitions whose
     lease row still names `owner` with that epoch, unexpired, are taken. None claims from
@@ -237,11 +211,13 @@ async def job_claim_batch(
     if held is not None and not held:
         raise ValueError("held names no partition: nothing may be claimed")
     params: dict[str, Any] = {"owner": owner, "limit": limit, "lease_s": lease_s, "aging_s": aging_s}
+    params.update(share_params(shares, limit))
+    skipping_full = bool(params["full_tenants"] or params["full_targets"])
     if held is not None:
         params["partitions"] = list(held)
         params["epochs"] = list(held.values())
     # Candidates stay row-locked until commit: no other claimer can take them meanwhile.
-    rows = (await conn.execute(_claim_statement(held is not None), params)).mappings().all()
+    rows = (await conn.execute(_claim_statement(held is not None, skipping_full), params)).mappings().all()
     db_now, next_due_at = rows[0]["db_now"], rows[0]["next_due_at"]
     leased = [row for row in rows if row["id"] is not None]
     limited_rows = [row for row in rows if row["candidate_limited"]]

@@ -40,6 +40,7 @@ CLAIMED_JOB_COLUMNS = (
         else_=None,
     ).label("previous_signing_secret"),
     targets.c.retry_on_status,
+    targets.c.max_in_flight.label("target_max_in_flight"),
     func.now().label("claimed_at"),
 )
 
@@ -152,6 +153,7 @@ def claimed_from_row(row: RowMapping) -> ClaimedJob:
         retry_on_status=None if row["retry_on_status"] is None else frozenset(row["retry_on_status"]),
         recurrence=recurrence_from_row(row),
         occurrences_run=row["occurrences_run"],
+        target_max_in_flight=row["target_max_in_flight"],
     )
 
 

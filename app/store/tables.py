@@ -252,6 +252,14 @@ jobs = Table(
         "run_at",
         postgresql_where=text("state IN ('scheduled', 'retrying')"),
     ),
+    # Due jobs per tenant: the claim that skips tenants at their share (migration 0011).
+    Index(
+        "ix_jobs_tenant_due",
+        "tenant_id",
+        "priority",
+        "run_at",
+        postgresql_where=text("state IN ('scheduled', 'retrying')"),
+    ),
     # Per-partition due jobs: the cluster view's lag, and a shard-local claim should the
     # table ever be distributed by partition.
     Index(

@@ -1,0 +1,94 @@
+"""Fair shares in the claim statement, on a real PostgreSQL: a tenant or target at its share
+is skipped (its older backlog hides nobody), and a batch keeps each within its free slots."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections import Counter
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.fair_share import ClaimShares
+from app.domain.job import ClaimedJob, NewJob
+from app.domain.retry import RetryPolicy
+from app.domain.schedule import OnceSchedule
+from app.store.claims import job_claim_batch
+from app.store.jobs import db_now, job_create_many
+from app.store.targets import target_create
+from tests.factories import make_jobs, make_tenant_and_target
+
+UNUSED = "http://127.0.0.1:9/unused"
+
+
+async def claim(engine: AsyncEngine, limit: int, shares: ClaimShares | None) -> list[ClaimedJob]:
+    async with engine.begin() as conn:
+        return (await job_claim_batch(conn, "r", limit, 30, shares=shares)).jobs
+
+
+async def test_a_tenant_at_its_share_is_skipped_however_deep_its_older_backlog(engine: AsyncEngine) -> None:
+    noisy, noisy_target = await make_tenant_and_target(engine, UNUSED)
+    quiet, quiet_target = await make_tenant_and_target(engine, UNUSED)
+    async with engine.begin() as conn:  # a deep backlog, due long before
+        due = await db_now(conn) - dt.timedelta(minutes=1)
+        backlog = NewJob(noisy, noisy_target, None, {}, 0, OnceSchedule(due), due, RetryPolicy(3, 1.0, 4.0))
+        for _ in range(3):  # asyncpg takes at most 32,767 parameters a statement
+            await job_create_many(conn, [backlog] * 1000)
+    (quiet_job,) = await make_jobs(engine, quiet, quiet_target, 1, due_in_s=-1)
+
+    # Without shares the oldest jobs fill the batch (priority aging), the quiet job waits.
+    unshared = await claim(engine, 10, None)
+    assert {job.tenant_id for job in unshared} == {noisy}
+
+    # The noisy tenant holds its whole share: the claim skips its 2,990 older jobs.
+    full = ClaimShares(tenant_free={noisy: 0}, tenant_share=10, target_cap=50)
+    assert [job.id for job in await claim(engine, 10, full)] == [quiet_job]
+
+
+async def test_a_batch_keeps_each_tenant_within_its_free_share(engine: AsyncEngine) -> None:
+    busy, busy_target = await make_tenant_and_target(engine, UNUSED)
+    holding, holding_target = await make_tenant_and_target(engine, UNUSED)
+    other, other_target = await make_tenant_and_target(engine, UNUSED)
+    await make_jobs(engine, busy, busy_target, 20, due_in_s=-30)
+    await make_jobs(engine, holding, holding_target, 20, due_in_s=-20)
+    await make_jobs(engine, other, other_target, 3, due_in_s=-1)
+
+    # `holding` already has 4 deliveries in flight of a share of 6: 2 more; the others 6.
+    shares = ClaimShares(tenant_free={holding: 2}, tenant_share=6, target_cap=50)
+    claimed = Counter(job.tenant_id for job in await claim(engine, 50, shares))
+    assert claimed == {busy: 6, holding: 2, other: 3}
+
+
+async def test_a_target_without_max_in_flight_gets_its_free_default_slots_and_an_explicit_limit_replaces_it(
+    engine: AsyncEngine,
+) -> None:
+    tenant, capped = await make_tenant_and_target(engine, UNUSED)
+    async with engine.begin() as conn:
+        row, _ = await target_create(conn, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=9)
+    explicit: uuid.UUID = row["id"]
+    await make_jobs(engine, tenant, capped, 20, due_in_s=-10)
+    await make_jobs(engine, tenant, explicit, 20, due_in_s=-5)
+
+    shares = ClaimShares(tenant_share=100, target_free={capped: 3}, target_cap=5)
+    claimed = await claim(engine, 100, shares)
+    assert Counter(job.target_id for job in claimed) == {capped: 3, explicit: 9}
+    assert {job.target_max_in_flight for job in claimed} == {None, 9}
+
+    # At its default cap the target is skipped; the other is at its own limit.
+    full = ClaimShares(tenant_share=100, target_free={capped: 0}, target_cap=5)
+    assert await claim(engine, 100, full) == []
+    assert len(await claim(engine, 100, ClaimShares(tenant_share=100, target_cap=5))) == 5
+
+
+async def test_a_tenant_short_of_share_keeps_its_highest_priority_jobs(engine: AsyncEngine) -> None:
+    tenant, target = await make_tenant_and_target(engine, UNUSED)
+    async with engine.begin() as conn:
+        now = await db_now(conn)
+        news = [
+            NewJob(tenant, target, None, {}, priority, OnceSchedule(now), now, RetryPolicy(3, 1.0, 4.0))
+            for priority in (4, 9, 0, 7, 2, 8)
+        ]
+        ids = [row["id"] for row in await job_create_many(conn, news)]
+    priority_of = dict(zip(ids, (4, 9, 0, 7, 2, 8), strict=True))
+    claimed = await claim(engine, 10, ClaimShares(tenant_free={tenant: 3}, tenant_share=50, target_cap=50))
+    assert sorted(priority_of[job.id] for job in claimed) == [7, 8, 9]

@@ -1,0 +1,42 @@
+"""The scheduler's per-tenant and per-target slot bookkeeping (app/domain/fair_share.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from app.domain.fair_share import SlotShares, tenant_share_of
+
+TENANT, OTHER, TARGET = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "fraction", "share"), [(200, 0.5, 100), (200, 1.0, 200), (3, 0.25, 1), (1, 0.5, 1)]
+)
+def test_a_tenant_share_is_a_fraction_never_zero(concurrency: int, fraction: float, share: int) -> None:
+    assert tenant_share_of(concurrency, fraction) == share
+
+
+def test_claim_shares_list_who_holds_slots_and_who_is_full() -> None:
+    shares = SlotShares(tenant_share=4, target_cap=2, refill=50)
+    for _ in range(4):
+        shares.take(TENANT, None)  # a target with its own max_in_flight: not counted
+    shares.take(OTHER, TARGET)
+    shares.take(OTHER, TARGET)
+    claim = shares.claim_shares()
+    assert claim.tenant_free == {TENANT: 0, OTHER: 2} and claim.tenant_share == 4
+    assert claim.target_free == {TARGET: 0} and claim.target_cap == 2
+    assert claim.full_tenants == [TENANT] and claim.full_targets == [TARGET]
+    assert shares.full_count() == 2
+
+
+def test_giving_back_wakes_the_scheduler_once_half_a_full_share_is_free_and_forgets_idle_tenants() -> None:
+    shares = SlotShares(tenant_share=4, target_cap=100, refill=50)
+    for _ in range(4):
+        shares.take(TENANT, TARGET)
+    assert shares.give_back(TENANT, TARGET) is False  # 3 held
+    assert shares.give_back(TENANT, TARGET) is True  # 2 held: half the share is free
+    assert shares.give_back(TENANT, TARGET) is False
+    assert shares.give_back(TENANT, TARGET) is False
+    assert shares.claim_shares().tenant_free == {} and shares.held_by(TENANT) == 0
