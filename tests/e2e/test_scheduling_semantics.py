@@ -9,8 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
+import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,6 +20,7 @@ from app.services.scheduler import Scheduler
 from app.store.tables import jobs
 from tests.conftest import make_job, make_target
 from tests.e2e.test_delivery import drive, get_job, get_runs
+from tests.problems import assert_problem
 from tests.receiver import Receiver, Reply, wait_for
 
 
@@ -264,25 +267,32 @@ async def test_max_runs_and_end_at_end_a_job_succeeded_with_a_reason(
     assert per_job.count(ending["id"]) == 2
 
 
+@pytest.mark.date_sensitive
 async def test_bounds_are_validated_and_start_at_sets_the_first_fire_time(
-    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, engine: AsyncEngine
 ) -> None:
     target = await make_target(client, auth, receiver.url())
-    start_at = "2030-01-01T09:00:00+01:00"
+    async with engine.connect() as conn:
+        now = await conn.scalar(select(func.now()))
+    assert now is not None
+    # 09:00 in Berlin about three years ahead, with the offset that holds on that day.
+    local = (now + dt.timedelta(days=3 * 365)).astimezone(ZoneInfo("Europe/Berlin"))
+    start = local.replace(hour=9, minute=0, second=0, microsecond=0)
+    start_at = start.isoformat()
     job = await make_job(client, auth, target["id"], every_s=3600, start_at=start_at)
-    assert dt.datetime.fromisoformat(job["next_run_at"]) == dt.datetime.fromisoformat(start_at)
+    assert dt.datetime.fromisoformat(job["next_run_at"]) == start
+    day_before = (start - dt.timedelta(days=1)).isoformat()
     for fields, field in (
         ({"delay_s": 5, "max_runs": 2}, "max_runs"),
         ({"cron": "0 9 * * *", "interval_mode": "fixed_delay"}, "interval_mode"),
-        ({"every_s": 60, "start_at": start_at, "end_at": "2029-12-31T00:00:00Z"}, "end_at"),
+        ({"every_s": 60, "start_at": start_at, "end_at": day_before}, "end_at"),
         ({"every_s": 60, "end_at": "2001-01-01T00:00:00Z"}, "end_at"),
         ({"every_s": 60, "max_runs": 0}, "max_runs"),
         ({"every_s": 60, "misfire_policy": "sometimes"}, "misfire_policy"),
         ({"every_s": 60, "catch_up_limit": 0}, "catch_up_limit"),
     ):
         response = await client.post("/v1/jobs", json={"target_id": target["id"], **fields}, headers=auth)
-        assert response.status_code == 422, (fields, response.text)
-        assert field in response.text
+        assert_problem(response, 422, field)
 
 
 async def test_resume_applies_the_misfire_policy_to_what_was_missed_while_paused(
