@@ -3,9 +3,10 @@ HTTP to a receiver on 127.0.0.1, outcomes read back through the API."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import itertools
-import time
+import socket
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ from standardwebhooks.webhooks import Webhook
 from app.services.reaper import Reaper, ReaperConfig
 from app.services.scheduler import Scheduler, SchedulerConfig
 from app.settings import Settings
+from app.store.jobs import db_now
 from tests.conftest import make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
 
@@ -125,7 +127,7 @@ async def test_always_failing_ends_dead_with_one_dead_letter(
 
 
 async def test_recurring_job_fires_with_distinct_ids_until_cancelled(
-    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler, engine: AsyncEngine
 ) -> None:
     target = await make_target(client, auth, receiver.url())
     job = await make_job(client, auth, target["id"], every_s=1)
@@ -137,12 +139,19 @@ async def test_recurring_job_fires_with_distinct_ids_until_cancelled(
     assert all((b - a) % dt.timedelta(seconds=1) == dt.timedelta(0) for a, b in itertools.pairwise(fired_for))
     assert (await get_job(client, auth, job["id"]))["state"] == "scheduled"
 
+    upcoming = dt.datetime.fromisoformat((await get_job(client, auth, job["id"]))["next_run_at"])
     cancelled = await client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth)
     assert cancelled.json()["state"] == "cancelled"
     seen = len(receiver.requests)
-    deadline = time.monotonic() + 2.5  # longer than two intervals
-    while time.monotonic() < deadline:
+
+    async def two_fire_times_passed() -> bool:
+        # Scheduler passes until the database's clock is past two more fire times.
         await scheduler.run_once()
+        async with engine.connect() as conn:
+            now = await db_now(conn)
+        return now > upcoming + dt.timedelta(seconds=1)
+
+    await wait_for(two_fire_times_passed, timeout=30, message="two fire times passed")
     assert len(receiver.requests) == seen
 
 
@@ -175,18 +184,51 @@ async def test_timeouts_redirects_and_refused_connections_are_failed_attempts(
 
 
 async def test_a_huge_response_is_read_only_up_to_64_kb(
-    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+    client: httpx.AsyncClient, auth: dict[str, str], scheduler: Scheduler
 ) -> None:
-    receiver.default = Reply(status=500, body=b"z" * (5 * 1024 * 1024))
-    target = await make_target(client, auth, receiver.url())
-    job = await make_job(client, auth, target["id"], max_attempts=1)
+    # A receiver that streams an endless body and counts what the client took off the socket:
+    # its send buffer and ours are pinned small, so bytes sent ~ bytes the delivery read.
+    sent = 0
+    answered = asyncio.Event()
 
-    async def dead() -> bool:
-        return (await get_job(client, auth, job["id"]))["state"] == "dead"
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        writer.transport.set_write_buffer_limits(high=0)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 1073741824\r\n\r\n")
+        answered.set()
+        chunk = b"z" * 1024
+        try:
+            for _ in range(1024 * 1024):
+                writer.write(chunk)
+                await asyncio.wait_for(writer.drain(), timeout=5)  # the reader stopped reading
+                sent += len(chunk)
+        except (ConnectionError, TimeoutError):
+            pass
+        finally:
+            writer.close()
 
-    await drive(scheduler, dead, message="dead")
+    server = await asyncio.start_server(endless, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        target = await make_target(client, auth, f"http://127.0.0.1:{port}/hook", timeout_s=3)
+        job = await make_job(client, auth, target["id"], max_attempts=1)
+
+        async def dead() -> bool:
+            return (await get_job(client, auth, job["id"]))["state"] == "dead"
+
+        await drive(scheduler, dead, message="dead")
+    finally:
+        server.close()
+        await server.wait_closed()
     (run,) = await get_runs(client, auth, job["id"])
-    assert run["status_code"] == 500 and len(run["error"]) < 1024
+    # Answered, not timed out: the delivery stopped reading and dropped the connection.
+    assert answered.is_set() and run["outcome"] == "http_error" and run["status_code"] == 500
+    # 64 KB read, plus what the client's kernel buffered (its receive window) before the
+    # close; a client reading the whole body would have taken the full gigabyte.
+    assert 64 * 1024 <= sent < 1024 * 1024, sent
 
 
 async def test_the_reaper_retries_a_delivery_whose_lease_expired(

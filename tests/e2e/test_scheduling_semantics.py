@@ -28,6 +28,14 @@ def scheduled_fors(receiver: Receiver) -> list[dt.datetime]:
     return [dt.datetime.fromisoformat(r.headers["cronhook-scheduled-for"]) for r in receiver.requests]
 
 
+def scheduled_fors_of(receiver: Receiver, job_id: str) -> list[dt.datetime]:
+    return [
+        dt.datetime.fromisoformat(r.headers["cronhook-scheduled-for"])
+        for r in receiver.requests
+        if r.headers["cronhook-job-id"] == job_id
+    ]
+
+
 async def outage(engine: AsyncEngine, job_id: str, down_s: float, paused: bool = False) -> dt.datetime:
     """The job's first fire time was `down_s` ago and nothing ran since; returns it."""
     async with engine.begin() as conn:
@@ -251,7 +259,17 @@ async def test_max_runs_and_end_at_end_a_job_succeeded_with_a_reason(
     async with engine.connect() as conn:
         now = await conn.scalar(select(func.now()))
     assert now is not None
-    ending = await start(client, auth, receiver, every_s=1, end_at=(now + dt.timedelta(seconds=2.5)).isoformat())
+    # Anchored explicitly, so the two fire times before end_at do not depend on how long the
+    # create took: start_at and start_at + 1 s; start_at + 2 s is past end_at.
+    start_at = now + dt.timedelta(seconds=2)
+    ending = await start(
+        client,
+        auth,
+        receiver,
+        every_s=1,
+        start_at=start_at.isoformat(),
+        end_at=(start_at + dt.timedelta(seconds=1.5)).isoformat(),
+    )
 
     async def both_ended() -> bool:
         states = [(await get_job(client, auth, j["id"]))["state"] for j in (capped, ending)]
@@ -263,8 +281,8 @@ async def test_max_runs_and_end_at_end_a_job_succeeded_with_a_reason(
     assert (await get_job(client, auth, ending["id"]))["ended_reason"] == "end_at"
     per_job = [r.headers["cronhook-job-id"] for r in receiver.requests]
     assert per_job.count(capped["id"]) == 3
-    # Fire times at +1 s and +2 s only: +3 s is past end_at.
     assert per_job.count(ending["id"]) == 2
+    assert sorted(scheduled_fors_of(receiver, ending["id"])) == [start_at, start_at + dt.timedelta(seconds=1)]
 
 
 @pytest.mark.date_sensitive
