@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import uvicorn
 from pydantic import ValidationError
@@ -70,10 +71,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises a SIGINT/SIGTERM it handled once shutdown is complete, so the process
+    died of the signal (exit 143) after a clean stop; like every other role, exit 0 instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
+
+
 def _serve(settings: Settings, run_services: bool) -> None:
     app = create_app(settings, run_services=run_services)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, lifespan="on")
-    uvicorn.Server(config).run()
+    _Server(config).run()
 
 
 def _cmd_up(settings: Settings, args: argparse.Namespace) -> None:
