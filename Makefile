@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck pytest openapi bench clean
+.PHONY: run test lint typecheck pytest pytest-dates openapi bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,18 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The date-sensitive tests at injected "now" values (UTC) across a year: summer, winter, and
+# just before each DST change in Europe and the US, when the next fire time falls across it.
+# libfaketime shifts the clock of the test process and of the embedded PostgreSQL it starts
+# (the service's only clock); an external server keeps its own clock, so it is not used.
+INJECTED_DATES ?= 2027-07-15T12:00:00Z 2027-03-28T00:30:00Z 2027-10-31T00:10:00Z 2027-03-14T06:30:00Z 2027-11-07T05:40:00Z
+pytest-dates: $(STAMP)
+	@for at in $(INJECTED_DATES); do \
+	  echo "== date-sensitive tests at $$at"; \
+	  env -u CRONHOOK_TEST_DATABASE_URL faketime "$$(date -d "$$at" '+%Y-%m-%d %H:%M:%S')" \
+	    $(BIN)/python -m pytest -q -m date_sensitive -p no:cacheprovider $(PYTEST_ARGS) || exit 1; \
+	done
 
 openapi: $(STAMP)
 	$(BIN)/cronhook openapi > openapi/openapi.json
