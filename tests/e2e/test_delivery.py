@@ -21,7 +21,7 @@ from tests.conftest import make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
 
 
-async def drive(scheduler: Scheduler, until: Any, timeout: float = 15.0, message: str = "") -> None:
+async def drive(scheduler: Scheduler, until: Any, timeout: float = 60.0, message: str = "") -> None:
     """Runs scheduler passes (as run_forever would) until `until()` holds."""
 
     async def step() -> bool:
@@ -131,7 +131,7 @@ async def test_recurring_job_fires_with_distinct_ids_until_cancelled(
 ) -> None:
     target = await make_target(client, auth, receiver.url())
     job = await make_job(client, auth, target["id"], every_s=1)
-    await drive(scheduler, lambda: len(receiver.requests) >= 3, timeout=10, message="three occurrences")
+    await drive(scheduler, lambda: len(receiver.requests) >= 3, timeout=60, message="three occurrences")
     ids = receiver.webhook_ids()
     assert len(ids) == len(set(ids)) >= 3
     fired_for = [dt.datetime.fromisoformat(r.headers["cronhook-scheduled-for"]) for r in receiver.requests]
@@ -203,7 +203,7 @@ async def test_a_huge_response_is_read_only_up_to_64_kb(
         try:
             for _ in range(1024 * 1024):
                 writer.write(chunk)
-                await asyncio.wait_for(writer.drain(), timeout=5)  # the reader stopped reading
+                await asyncio.wait_for(writer.drain(), timeout=15)  # the reader stopped reading
                 sent += len(chunk)
         except (ConnectionError, TimeoutError):
             pass
@@ -247,7 +247,7 @@ async def test_the_reaper_retries_a_delivery_whose_lease_expired(
         await reaper.run_once()
         return (await get_job(client, auth, job["id"]))["state"] == "retrying"
 
-    await wait_for(rescued, timeout=5, message="reaped")
+    await wait_for(rescued, timeout=30, message="reaped")
     sched = Scheduler(engine, SchedulerConfig.from_settings(settings))
     try:
         await drive(sched, lambda: len(receiver.requests) == 1, message="redelivered")

@@ -102,7 +102,7 @@ async def test_overlap_allow_children_in_flight_finish_after_the_schedule_is_sto
     receiver.default = Reply(delay_s=1.5)
     target = await make_target(client, auth, receiver.url(), timeout_s=3)
     job = await make_job(client, auth, target["id"], every_s=1, overlap_policy="allow")
-    await run_without_waiting(scheduler, lambda: receiver.in_flight.get("/hook", 0) >= 2, 30, "two children in flight")
+    await run_without_waiting(scheduler, lambda: receiver.in_flight.get("/hook", 0) >= 2, 60, "two children in flight")
     stopped = await client.post(f"/v1/jobs/{job['id']}/{action}", headers=auth)
     assert stopped.status_code == 200 and stopped.json()["state"] == {"cancel": "cancelled", "pause": "paused"}[action]
 
@@ -118,7 +118,7 @@ async def test_overlap_allow_children_in_flight_finish_after_the_schedule_is_sto
         return all(c["state"] == "succeeded" for c in await children())
 
     # The children already started finish (their POSTs were answered and recorded)...
-    await run_without_waiting(scheduler, all_finished, 30, "the children finished")
+    await run_without_waiting(scheduler, all_finished, 60, "the children finished")
     # ...and no new occurrence starts while the schedule is stopped, past two more fire times
     # (scheduler passes until the database's clock says so).
     fire_times = len(receiver.requests)
@@ -129,7 +129,7 @@ async def test_overlap_allow_children_in_flight_finish_after_the_schedule_is_sto
         async with engine.connect() as conn:
             return await db_now(conn) > later
 
-    await run_without_waiting(scheduler, two_fire_times_passed, 30, "two more fire times")
+    await run_without_waiting(scheduler, two_fire_times_passed, 60, "two more fire times")
     await drive(scheduler, lambda: True, message="one more pass, deliveries awaited")
     more = await children()
     assert {c["id"] for c in more} == {c["id"] for c in started}
@@ -149,7 +149,7 @@ async def test_overlap_allow_children_carry_their_own_dead_letters(
     async def two_letters() -> bool:
         return len((await client.get("/v1/dead-letters", headers=auth)).json()["items"]) == 2
 
-    await run_without_waiting(scheduler, two_letters, 30, "two dead letters")
+    await run_without_waiting(scheduler, two_letters, 60, "two dead letters")
     letters = (await client.get("/v1/dead-letters", headers=auth)).json()["items"]
     listed = await client.get("/v1/jobs", params={"parent_job_id": job["id"]}, headers=auth)
     children = {c["id"]: c for c in listed.json()["items"]}

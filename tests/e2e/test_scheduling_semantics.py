@@ -159,7 +159,7 @@ async def test_overlap_forbid_skips_fire_times_that_come_due_during_a_slow_deliv
 ) -> None:
     receiver.default = Reply(delay_s=2.5)
     job = await start(client, auth, receiver, every_s=1)
-    await drive(scheduler, lambda: len(receiver.requests) >= 2, timeout=20, message="two slow deliveries")
+    await drive(scheduler, lambda: len(receiver.requests) >= 2, timeout=60, message="two slow deliveries")
     times = scheduled_fors(receiver)
     # Two fire times came due while each 2.5 s delivery was in flight: skipped, not queued.
     assert times[1] - times[0] >= dt.timedelta(seconds=3)
@@ -183,7 +183,7 @@ async def test_overlap_allow_delivers_fire_times_while_earlier_deliveries_are_in
 ) -> None:
     receiver.default = Reply(delay_s=2.5)
     job = await start(client, auth, receiver, every_s=1, overlap_policy="allow")
-    await run_without_waiting(scheduler, lambda: len(receiver.requests) >= 4, 20, "four deliveries started")
+    await run_without_waiting(scheduler, lambda: len(receiver.requests) >= 4, 60, "four deliveries started")
     times = scheduled_fors(receiver)
     # Every fire time goes out, in order, while the 2.5 s deliveries before it are still running.
     assert [b - a for a, b in itertools.pairwise(times)] == [dt.timedelta(seconds=1)] * (len(times) - 1)
@@ -193,7 +193,7 @@ async def test_overlap_allow_delivers_fire_times_while_earlier_deliveries_are_in
     async def four_succeeded() -> bool:
         return (await outcomes(client, auth, job["id"])).count("success") >= 4
 
-    await run_without_waiting(scheduler, four_succeeded, 20, "four deliveries recorded")
+    await run_without_waiting(scheduler, four_succeeded, 60, "four deliveries recorded")
     # Each occurrence was delivered by a one-off child job; the schedule's runs list theirs.
     runs = [r for r in await get_runs(client, auth, job["id"]) if r["outcome"] == "success"]
     listed = await client.get("/v1/jobs", params={"parent_job_id": job["id"], "limit": 200}, headers=auth)
@@ -217,14 +217,14 @@ async def test_overlap_allow_still_honours_max_runs(
     async def ended() -> bool:
         return (await get_job(client, auth, job["id"]))["state"] == "succeeded"
 
-    await run_without_waiting(scheduler, ended, 20, "the schedule ended")
-    await run_without_waiting(scheduler, lambda: len(receiver.requests) == 2, 10, "both occurrences delivered")
+    await run_without_waiting(scheduler, ended, 60, "the schedule ended")
+    await run_without_waiting(scheduler, lambda: len(receiver.requests) == 2, 60, "both occurrences delivered")
     assert (await get_job(client, auth, job["id"]))["ended_reason"] == "max_runs"
 
     async def both_recorded() -> bool:
         return await outcomes(client, auth, job["id"]) == ["success", "success"]
 
-    await run_without_waiting(scheduler, both_recorded, 10, "both runs recorded")
+    await run_without_waiting(scheduler, both_recorded, 60, "both runs recorded")
     assert len(receiver.requests) == 2
 
 
@@ -275,7 +275,7 @@ async def test_max_runs_and_end_at_end_a_job_succeeded_with_a_reason(
         states = [(await get_job(client, auth, j["id"]))["state"] for j in (capped, ending)]
         return states == ["succeeded", "succeeded"]
 
-    await drive(scheduler, both_ended, timeout=20, message="both jobs ended")
+    await drive(scheduler, both_ended, timeout=60, message="both jobs ended")
     final = await get_job(client, auth, capped["id"])
     assert (final["ended_reason"], final["runs"], final["next_run_at"]) == ("max_runs", 3, None)
     assert (await get_job(client, auth, ending["id"]))["ended_reason"] == "end_at"

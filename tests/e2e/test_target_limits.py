@@ -44,7 +44,7 @@ async def two_replicas(engine: AsyncEngine) -> AsyncIterator[list[Scheduler]]:
         return all(len(r.ownership.held()) == 128 for r in replicas)
 
     try:
-        await wait_for(split, timeout=20, message="two replicas share the partitions")
+        await wait_for(split, timeout=60, message="two replicas share the partitions")
         yield replicas
     finally:
         stop.set()
