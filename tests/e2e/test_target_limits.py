@@ -12,8 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.services.scheduler import Scheduler, SchedulerConfig
-from app.store.tables import jobs
+from app.store.tables import jobs, targets
 from tests.conftest import make_job, make_target
+from tests.factories import make_jobs_bulk
 from tests.receiver import Receiver, Reply, wait_for
 
 
@@ -54,18 +55,25 @@ async def two_replicas(engine: AsyncEngine) -> AsyncIterator[list[Scheduler]]:
 
 
 async def test_max_in_flight_holds_across_replicas_and_other_targets_are_not_delayed(
-    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, two_replicas: list[Scheduler]
+    client: httpx.AsyncClient,
+    auth: dict[str, str],
+    receiver: Receiver,
+    engine: AsyncEngine,
+    two_replicas: list[Scheduler],
 ) -> None:
     receiver.default = Reply(delay_s=0.3)
     limited = await make_target(client, auth, receiver.url("/limited"))
     patched = await client.patch(f"/v1/targets/{limited['id']}", json={"max_in_flight": 3}, headers=auth)
     assert patched.status_code == 200 and patched.json()["max_in_flight"] == 3
     free = await make_target(client, auth, receiver.url("/free"))
-    # A burst to the limited target first: 60 deliveries of 0.3 s, 3 at a time, about 6 s.
-    for _ in range(60):
-        await make_job(client, auth, limited["id"])
-    for _ in range(30):
-        await make_job(client, auth, free["id"])
+    # A burst to the limited target first (60 deliveries of 0.3 s, 3 at a time, about 6 s),
+    # then the free target's, all written at once: how long creating them took cannot decide
+    # how many limited deliveries went first.
+    async with engine.connect() as conn:
+        tenant = await conn.scalar(select(targets.c.tenant_id).where(targets.c.id == uuid.UUID(limited["id"])))
+    assert tenant is not None
+    await make_jobs_bulk(engine, tenant, uuid.UUID(limited["id"]), 60, due_in_s=-2.0)
+    await make_jobs_bulk(engine, tenant, uuid.UUID(free["id"]), 30, due_in_s=-1.0)
 
     # About 6 s of work (60 x 0.3 s, 3 at a time); the deadline only catches a stuck limit.
     await wait_for(lambda: len(receiver.requests) == 90, timeout=90, message="all 90 delivered")
@@ -75,10 +83,11 @@ async def test_max_in_flight_holds_across_replicas_and_other_targets_are_not_del
     assert len({r.headers["cronhook-job-id"] for r in receiver.requests if r.path == "/limited"}) == 60
     # The free target's jobs went straight through, past the limited target's backlog.
     # Judged by order, not by seconds: had the limited target's older jobs filled the claims,
-    # the free target's would have waited until fewer than a batch (10) of them were left.
+    # the free target's would have waited until fewer than a batch (10) of them were left
+    # unclaimed, so at least 60 - 10 - 3 (claimed, not yet arrived) would have gone first.
     free_done = max(r.at for r in receiver.requests if r.path == "/free")
     limited_before = sum(1 for r in receiver.requests if r.path == "/limited" and r.at <= free_done)
-    assert limited_before <= 40, f"{limited_before} of 60 limited deliveries went before the free target finished"
+    assert limited_before < 60 - 10 - 3, f"{limited_before} of 60 limited deliveries went before the free target"
 
 
 async def test_rate_per_s_is_a_token_bucket_shared_by_the_replicas(
