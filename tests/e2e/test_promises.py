@@ -22,7 +22,7 @@ from tests.conftest import make_job, make_target
 from tests.e2e.test_delivery import drive, get_job, get_runs
 from tests.e2e.test_scheduling_semantics import run_without_waiting
 from tests.factories import expire_leases
-from tests.receiver import Receiver, Reply
+from tests.receiver import Receiver, Reply, wait_for
 
 
 async def state_is(client: httpx.AsyncClient, auth: dict[str, str], job_id: str, *states: str) -> bool:
@@ -103,7 +103,16 @@ async def test_overlap_allow_children_in_flight_finish_after_the_schedule_is_sto
     target = await make_target(client, auth, receiver.url(), timeout_s=3)
     job = await make_job(client, auth, target["id"], every_s=1, overlap_policy="allow")
     await run_without_waiting(scheduler, lambda: receiver.in_flight.get("/hook", 0) >= 2, 60, "two children in flight")
-    stopped = await client.post(f"/v1/jobs/{job['id']}/{action}", headers=auth)
+    responses: list[httpx.Response] = []
+
+    async def stopped_it() -> bool:
+        # A pause is refused (409, state running) while the schedule itself is claimed to hand
+        # an occurrence off; as the README says, retry when that finishes.
+        responses.append(await client.post(f"/v1/jobs/{job['id']}/{action}", headers=auth))
+        return responses[-1].status_code != 409 or responses[-1].json()["state"] != "running"
+
+    await wait_for(stopped_it, timeout=30, message=f"{action} accepted")
+    stopped = responses[-1]
     assert stopped.status_code == 200 and stopped.json()["state"] == {"cancel": "cancelled", "pause": "paused"}[action]
 
     async def children() -> list[dict[str, Any]]:
