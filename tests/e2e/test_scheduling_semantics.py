@@ -268,7 +268,7 @@ async def test_max_runs_and_end_at_end_a_job_succeeded_with_a_reason(
     assert now is not None
     # Anchored explicitly, so the two fire times before end_at do not depend on how long the
     # create took: start_at and start_at + 1 s; start_at + 2 s is past end_at.
-    start_at = now + dt.timedelta(seconds=2)
+    start_at = now + dt.timedelta(seconds=5)  # ahead even if creating the job is slow
     ending = await start(
         client,
         auth,
