@@ -37,16 +37,19 @@ async def test_a_timeout_is_retried_whatever_statuses_the_target_retries(
     scheduler: Scheduler,
     retry_on_status: list[int] | None,
 ) -> None:
-    timeout_s = 0.5
-    receiver.script = [Reply(delay_s=timeout_s * 4)]  # answered too late: a timeout
+    timeout_s = 1.0
+    receiver.script = [Reply(delay_s=timeout_s * 3)]  # answered too late: a timeout
     target = await make_target(client, auth, receiver.url(), timeout_s=timeout_s, retry_on_status=retry_on_status)
-    job = await make_job(client, auth, target["id"], max_attempts=3, backoff_base_s=0.05, backoff_max_s=0.1)
+    job = await make_job(client, auth, target["id"], max_attempts=5, backoff_base_s=0.05, backoff_max_s=0.1)
     await drive(scheduler, lambda: state_is(client, auth, job["id"], "succeeded", "dead"), message="settled")
     runs = await get_runs(client, auth, job["id"])
-    assert [(r["attempt"], r["outcome"]) for r in runs] == [(1, "timeout"), (2, "success")]
+    # Retried after the timeout until answered in time (busy cores may time out a retry too).
+    outcomes = [r["outcome"] for r in runs]
+    assert outcomes[-1] == "success" and set(outcomes[:-1]) == {"timeout"}, outcomes
+    assert [r["attempt"] for r in runs] == list(range(1, len(runs) + 1))
     assert (await get_job(client, auth, job["id"]))["state"] == "succeeded"
     # The same occurrence, so the receiver can dedupe the repeat.
-    assert len(set(receiver.webhook_ids())) == 1 and len(receiver.requests) == 2
+    assert len(set(receiver.webhook_ids())) == 1 and len(receiver.requests) == len(runs)
 
 
 def free_port() -> int:
