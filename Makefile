@@ -8,7 +8,7 @@ INPUTS_SUM := $(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -
 RUN_STAMP := $(VENV)/.installed-run-$(INPUTS_SUM)
 STAMP := $(VENV)/.installed-dev-$(INPUTS_SUM)
 
-.PHONY: run test lint typecheck pytest openapi bench lock clean
+.PHONY: run test lint typecheck pytest pytest-dates openapi bench lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,13 +41,26 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The date-sensitive tests at injected "now" values (UTC) across a year: summer, winter, and
+# just before each DST change in Europe and the US, when the next fire time falls across it.
+# libfaketime shifts the clock of the test process and of the embedded PostgreSQL it starts
+# (the service's only clock); an external server keeps its own clock, so it is not used.
+INJECTED_DATES ?= 2027-07-15T12:00:00Z 2027-03-28T00:30:00Z 2027-10-31T00:10:00Z 2027-03-14T06:30:00Z 2027-11-07T05:40:00Z
+pytest-dates: $(STAMP)
+	@for at in $(INJECTED_DATES); do \
+	  echo "== date-sensitive tests at $$at"; \
+	  env -u CRONHOOK_TEST_DATABASE_URL faketime "$$(date -d "$$at" '+%Y-%m-%d %H:%M:%S')" \
+	    $(BIN)/python -m pytest -q -m date_sensitive -p no:cacheprovider $(PYTEST_ARGS) || exit 1; \
+	done
+
 openapi: $(STAMP)
 	$(BIN)/cronhook openapi > openapi/openapi.json
 
 # The runtime set, resolved afresh in a clean virtualenv (without the embedded PostgreSQL).
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet $$($(PYTHON) -c "import tomllib; print(' '.join(d for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if not d.startswith('pixeltable')))")
+	$(PYTHON) -c "import tomllib; print('\\n'.join(d for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if not d.startswith('pixeltable')))" > .lock-venv/requirements.in
+	.lock-venv/bin/pip install --quiet -r .lock-venv/requirements.in
 	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/pip freeze --exclude pip --exclude setuptools --exclude wheel; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
 

@@ -4,11 +4,22 @@ Storage is always a real PostgreSQL: CRONHOOK_TEST_DATABASE_URL when set, otherw
 embedded server started for the session. Migrations run once into a template database;
 every test gets its own database cloned from it (random name) and dropped afterwards, so
 tests never share rows and never touch a database they did not create.
+
+Every process a test starts is reaped: the test process makes itself the child subreaper of
+everything it starts (a daemonised PostgreSQL included), and a session-end check fails the
+run, naming them, if any are still alive. Tests that run real `cronhook` processes must carry
+the `e2e` marker (checked at collection). Tests whose expectations depend on today's date
+carry `date_sensitive`; CI runs them again with the clock injected (libfaketime around the
+test process and the embedded PostgreSQL it starts, see .ci/run), and a session check makes
+sure the database's clock and the test process's clock agree, so an injection that reached
+only one of them fails instead of passing vacuously.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import datetime as dt
 import os
 import secrets
 import shutil
@@ -19,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -41,6 +53,60 @@ TEST_SECRET_KEYS = "test1:" + "dGVzdC1rZXktZm9yLWNyb25ob29rLXRlc3RzLTMyYiE="
 os.environ.setdefault("CRONHOOK_SECRET_KEYS", TEST_SECRET_KEYS)
 # Tests that build rows through the store without an app (tests/factories.py) seal with it too.
 install_key_ring(parse_key_ring(os.environ["CRONHOOK_SECRET_KEYS"]))
+
+PR_SET_CHILD_SUBREAPER = 36
+# Processes the test process started that may still stop on their own at session end
+# (a detaching embedded server finishing its shutdown).
+LEFTOVER_GRACE_S = 10.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Orphans of anything this process starts (pg_ctl daemonises the embedded PostgreSQL)
+    # become its children instead of init's, so the session-end check can see them.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that starts real processes must say so with the `e2e` marker."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "procs" in getattr(item, "fixturenames", ()) and item.get_closest_marker("e2e") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"tests that start processes lack the e2e marker: {unmarked}")
+
+
+def _live_descendants() -> list[psutil.Process]:
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)  # an orphan that exited: reap it
+                continue
+            alive.append(child)
+        except (psutil.NoSuchProcess, ChildProcessError):
+            continue
+    return alive
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    """Torn down last (autouse, session): after the embedded server has been stopped."""
+    yield
+    _, alive = psutil.wait_procs(_live_descendants(), timeout=LEFTOVER_GRACE_S)
+    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if alive:
+        described = []
+        for proc in alive:
+            try:
+                described.append(f"{proc.pid}: {' '.join(proc.cmdline())[:200]}")
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        if described:
+            raise AssertionError("processes left running by the tests (now killed):\n" + "\n".join(described))
 
 
 def database_url(server_url: str, name: str) -> str:
@@ -87,8 +153,25 @@ def template_db(pg_server_url: str) -> Iterator[str]:
             await engine.dispose()
 
     asyncio.run(create())
+    asyncio.run(check_clocks_agree(database_url(pg_server_url, name)))
     yield name
     asyncio.run(admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def check_clocks_agree(url: str) -> None:
+    """The database's clock is the service's only clock, and tests compare it with their own:
+    an injected clock (FAKETIME) must have reached both, or date-sensitive tests prove nothing."""
+    engine = create_async_engine(normalize_url(url), poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            db_now = await conn.scalar(text("SELECT now()"))
+    finally:
+        await engine.dispose()
+    skew = abs((db_now - dt.datetime.now(dt.UTC)).total_seconds())
+    assert skew < 60, (
+        f"the database clock ({db_now}) and the test clock differ by {skew:.0f} s: with FAKETIME, "
+        "run against the embedded server (unset CRONHOOK_TEST_DATABASE_URL)"
+    )
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ class Receiver:
         return [r.headers["webhook-id"] for r in self.requests if "webhook-id" in r.headers]
 
 
-async def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.05, message: str = "") -> None:
+async def wait_for(predicate: object, timeout: float = 30.0, interval: float = 0.05, message: str = "") -> None:
     """Polls `predicate` (sync or async callable) until it is truthy, or fails at the deadline."""
     deadline = time.monotonic() + timeout
     while True:

@@ -78,8 +78,10 @@ def after_attempt(
         next_at, ended_reason, overlapped = following.next_at, following.ended, following.overlapped
     if next_at is not None:
         return NextStep(JobState.SCHEDULED, next_occurrence_at=next_at, dead_letter=dead_letter, overlapped=overlapped)
+    # A recurring job past its bounds ends succeeded (with its reason) even when its last
+    # occurrence was dead-lettered: only a one-off job ends dead.
     return NextStep(
-        JobState.DEAD if dead_letter else JobState.SUCCEEDED,
+        JobState.DEAD if dead_letter and ctx.recurrence is None else JobState.SUCCEEDED,
         dead_letter=dead_letter,
         ended_reason=ended_reason,
         overlapped=overlapped,

@@ -29,4 +29,5 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
     try:
         yield processes
     finally:
+        # Stops and reaps them even when the test failed; fails the test on a bad exit.
         processes.stop_all()

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import signal
-import subprocess
 import tempfile
 import warnings
 from collections import Counter
@@ -21,10 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
 from app.db.migrate import migrate_to_head
-from app.store.tables import jobs, partition_leases
-from tests.e2e.test_processes import CRONHOOK, base_env
+from app.store.tables import jobs, partition_leases, runs
+from tests.e2e.test_processes import Processes, base_env
 from tests.factories import make_jobs, make_tenant_and_target
 from tests.receiver import Receiver, wait_for
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def saw_outage(logs: Path) -> bool:
 
 
 async def test_replicas_and_reapers_survive_a_postgres_restart(
-    own_server: Any, receiver: Receiver, tmp_path: Path
+    own_server: Any, receiver: Receiver, procs: Processes
 ) -> None:
     url = own_server.get_uri(driver="asyncpg")
     engine = create_engine(url, pool_size=2)
@@ -87,24 +87,23 @@ async def test_replicas_and_reapers_survive_a_postgres_restart(
         CRONHOOK_PARTITION_RENEW_S="0.4",
         CRONHOOK_REAPER_INTERVAL_S="0.5",
     )
-    procs = []
-    for name in ("scheduler-1", "scheduler-2", "reaper-1", "reaper-2"):
-        with (tmp_path / f"{name}.log").open("wb") as log:
-            role = name.split("-")[0]
-            procs.append(subprocess.Popen([CRONHOOK, role], env=env, stdout=log, stderr=subprocess.STDOUT))
+    tmp_path = procs.log_dir
+    started = [
+        procs.start(name, [name.split("-")[0]], env) for name in ("scheduler-1", "scheduler-2", "reaper-1", "reaper-2")
+    ]
     try:
         # All four must be past start-up before the outage (on two busy cores one process can
         # take seconds to start), or the test would only watch start-up retries.
         await wait_for(lambda: all_running(engine, tmp_path), timeout=60, interval=0.2, message="all four started")
         await make_jobs(engine, tenant, target, 100)
-        await wait_for(lambda: len(receiver.requests) >= 100, timeout=30, message="first 100")
+        await wait_for(lambda: len(receiver.requests) >= 100, timeout=60, message="first 100")
         # More jobs fall due while the database is down.
         await make_jobs(engine, tenant, target, 100, due_in_s=2)
         before = await epochs(engine)
         await engine.dispose()
 
         pg_ctl(own_server, "stop", "-m", "fast")
-        await wait_for(lambda: saw_outage(tmp_path), timeout=20, message="every process saw the outage")
+        await wait_for(lambda: saw_outage(tmp_path), timeout=60, message="every process saw the outage")
         # The outage outlasts the partition lease (2 s): every lease must be taken anew.
         await asyncio.sleep(2.5)
         # pgserver's own start routine, so its handle tracks the new postmaster for cleanup.
@@ -117,20 +116,21 @@ async def test_replicas_and_reapers_survive_a_postgres_restart(
                 left = await conn.scalar(select(func.count()).where(jobs.c.state != "succeeded"))
             return left == 0
 
-        await wait_for(all_succeeded, timeout=40, interval=0.25, message="all jobs succeeded after the restart")
+        await wait_for(all_succeeded, timeout=90, interval=0.25, message="all jobs succeeded after the restart")
         ids = Counter(receiver.webhook_ids())
-        assert len(ids) == 200 and max(ids.values()) == 1
-        assert all(proc.poll() is None for proc in procs)  # still running: they rode out the outage
+        async with engine.connect() as conn:
+            # A receiver too slow to answer in time is the documented other source of a repeat.
+            timed_out = {
+                f"msg_{o.hex}"
+                for o in (await conn.execute(select(runs.c.occurrence_id).where(runs.c.outcome == "timeout"))).scalars()
+            }
+        assert len(ids) == 200 and all(n == 1 for i, n in ids.items() if i not in timed_out), ids.most_common(3)
+        assert all(proc.poll() is None for proc in started)  # still running: they rode out the outage
         after = await epochs(engine)
         # Leases ran out during the outage and were taken again under higher epochs, never lower.
         assert all(after[p] >= before[p] for p in before) and sum(after.values()) > sum(before.values())
+        # Every one of them stops cleanly on SIGTERM after the outage.
+        assert [procs.terminate(proc) for proc in started] == [0, 0, 0, 0]
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:  # a failed run may leave the server down
-                proc.kill()
-                proc.wait()
+        # The procs fixture reaps whatever is left, even when the server stayed down.
         await engine.dispose()

@@ -35,7 +35,7 @@ async def dead_letter_jobs(
         states = [(await client.get(f"/v1/jobs/{j['id']}", headers=auth)).json()["state"] for j in jobs]
         return states == ["dead"] * count
 
-    await wait_for(all_dead, timeout=15, message="jobs dead-lettered")
+    await wait_for(all_dead, timeout=60, message="jobs dead-lettered")
     return jobs
 
 
@@ -77,7 +77,7 @@ async def test_inspect_filter_replay_and_delete(
         await scheduler.run_once()
         return (await client.get(f"/v1/jobs/{new_job['id']}", headers=auth)).json()["state"] == "succeeded"
 
-    await wait_for(replay_delivered, timeout=10, message="replay delivered")
+    await wait_for(replay_delivered, timeout=60, message="replay delivered")
     replayed = (await client.get(f"/v1/dead-letters/{letter['id']}", headers=auth)).json()
     assert replayed["replay_job_id"] == new_job["id"] and replayed["replayed_at"]
     # The webhook-id is new: receivers see a new message, not a retry of the old one.
@@ -154,7 +154,7 @@ async def test_bulk_replay_by_filter_is_rate_capped_and_skips_what_was_replayed(
         states = [(await client.get(f"/v1/jobs/{j}", headers=auth)).json()["state"] for j in job_ids]
         return states == ["succeeded"] * 3
 
-    await wait_for(delivered, timeout=15, message="bulk replays delivered")
+    await wait_for(delivered, timeout=60, message="bulk replays delivered")
     for job_id, due_at in zip(job_ids, due, strict=True):
         (run,) = (await client.get(f"/v1/jobs/{job_id}/runs", headers=auth)).json()["items"]
         # The cap holds because no replay starts before its staggered due time (both on the
@@ -176,10 +176,10 @@ async def test_a_target_can_choose_which_statuses_to_retry(
         value: str = (await client.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"]
         return value
 
-    await wait_for(lambda: _is(state(retried), "succeeded"), timeout=10, message="404 retried")
+    await wait_for(lambda: _is(state(retried), "succeeded"), timeout=60, message="404 retried")
     receiver.script = [Reply(status=500)]
     not_retried = await make_job(client, auth, target["id"], max_attempts=3, backoff_base_s=0.01)
-    await wait_for(lambda: _is(state(not_retried), "dead"), timeout=10, message="500 not retried")
+    await wait_for(lambda: _is(state(not_retried), "dead"), timeout=60, message="500 not retried")
     assert len((await client.get(f"/v1/jobs/{not_retried['id']}/runs", headers=auth)).json()["items"]) == 1
 
     for statuses in ([200], [99999], list(range(300, 450))):

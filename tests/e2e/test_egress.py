@@ -159,6 +159,7 @@ async def test_deliveries_go_through_when_the_allow_list_covers_the_address(
     assert closed_run["error"] == "connection failed: refused"
 
 
+@pytest.mark.e2e
 async def test_cronhook_up_refuses_internal_targets_by_default_and_warns_when_allowed(
     engine: AsyncEngine, db_url: str, procs: Processes, sentinel: Receiver
 ) -> None:

@@ -40,6 +40,7 @@ def hang(receiver: Receiver) -> asyncio.Event:
     return release
 
 
+@pytest.mark.e2e
 async def test_a_tenant_whose_receivers_hang_leaves_the_other_tenants_jobs_on_time(
     engine: AsyncEngine, db_url: str, receiver: Receiver, hang: asyncio.Event, procs: Processes
 ) -> None:

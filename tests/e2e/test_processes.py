@@ -19,6 +19,8 @@ from app.store.tables import jobs
 from tests.conftest import LOOPBACK_ALLOWED, TEST_SECRET_KEYS, make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
 
+pytestmark = pytest.mark.e2e
+
 CRONHOOK = str(Path(sys.executable).parent / "cronhook")
 
 
@@ -51,42 +53,67 @@ async def wait_until_ready(http: httpx.AsyncClient, timeout: float) -> None:
     await wait_for(ready, timeout=timeout, interval=0.1, message="readyz")
 
 
+# A process given SIGTERM waits for its deliveries in flight (at most the largest target
+# timeout, 30 s by default) and then stops; past this it is reported as hung.
+STOP_TIMEOUT_S = 45.0
+
+
 class Processes:
+    """The `cronhook` processes of one test. Each is stopped and reaped when the test ends,
+    pass or fail; one that was still running then must exit 0 on SIGTERM."""
+
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.running: list[subprocess.Popen[bytes]] = []
+        self.names: dict[int, str] = {}
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with (self.log_dir / f"{name}.log").open("wb") as log:
             # The child keeps its own copy of the descriptor.
             proc = subprocess.Popen([CRONHOOK, *args], env=env, stdout=log, stderr=subprocess.STDOUT)
         self.running.append(proc)
+        self.names[proc.pid] = name
         return proc
 
     def log(self, name: str) -> str:
         return (self.log_dir / f"{name}.log").read_text()
 
+    def terminate(self, proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM (a stopped process is continued first), then the exit code."""
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=timeout)
+
     def stop_all(self) -> None:
-        for proc in self.running:
-            if proc.poll() is None:
-                # A stopped process would hold its TERM until continued.
-                proc.send_signal(signal.SIGCONT)
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.running:
+        """Stops every process still running; fails on any that does not exit 0 on SIGTERM."""
+        still_running = [proc for proc in self.running if proc.poll() is None]
+        for proc in still_running:
+            # A stopped process would hold its TERM until continued.
+            proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+        problems = []
+        for proc in still_running:
+            name = self.names[proc.pid]
             try:
-                proc.wait(timeout=15)
+                code = proc.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+                problems.append(f"{name} did not stop within {STOP_TIMEOUT_S:g} s of SIGTERM")
+                continue
+            if code != 0:
+                problems.append(f"{name} exited {code} on SIGTERM:\n{self.log(name)[-2000:]}")
+        assert not problems, "\n".join(problems)
 
 
 def short_lease_env(db_url: str) -> dict[str, str]:
     return base_env(
         CRONHOOK_DATABASE_URL=db_url,
-        CRONHOOK_LEASE_S="3",
-        CRONHOOK_MAX_TARGET_TIMEOUT_S="1.5",
+        CRONHOOK_LEASE_S="6",
+        CRONHOOK_MAX_TARGET_TIMEOUT_S="3",
         CRONHOOK_LEASE_MARGIN_S="1",
-        CRONHOOK_DEFAULT_TARGET_TIMEOUT_S="1.5",
+        CRONHOOK_DEFAULT_TARGET_TIMEOUT_S="3",
         CRONHOOK_POLL_INTERVAL_S="0.1",
         CRONHOOK_REAPER_INTERVAL_S="0.3",
     )
@@ -100,14 +127,15 @@ async def test_sigkill_mid_delivery_then_the_reaper_returns_the_job_and_it_is_de
     db_url: str,
     procs: Processes,
 ) -> None:
-    # The first delivery hangs long enough to kill its scheduler mid-request.
-    receiver.script = [Reply(delay_s=1.4)]
-    target = await make_target(client, auth, receiver.url(), timeout_s=1.5)
+    # The first delivery hangs almost to the target's timeout: the test has that long to kill
+    # its scheduler mid-request, even on busy cores.
+    receiver.script = [Reply(delay_s=2.9)]
+    target = await make_target(client, auth, receiver.url(), timeout_s=3)
     job = await make_job(client, auth, target["id"], backoff_base_s=0.05, backoff_max_s=0.1)
     env = short_lease_env(db_url)
 
     victim = procs.start("scheduler-a", ["scheduler"], {**env, "CRONHOOK_REPLICA_ID": "victim"})
-    await wait_for(lambda: len(receiver.requests) == 1, timeout=20, message="first delivery in flight")
+    await wait_for(lambda: len(receiver.requests) == 1, timeout=60, message="first delivery in flight")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=5)
     async with engine.connect() as conn:
@@ -120,7 +148,7 @@ async def test_sigkill_mid_delivery_then_the_reaper_returns_the_job_and_it_is_de
     async def succeeded() -> bool:
         return (await client.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"] == "succeeded"
 
-    await wait_for(succeeded, timeout=20, interval=0.1, message="redelivery after lease expiry")
+    await wait_for(succeeded, timeout=60, interval=0.1, message="redelivery after lease expiry")
     first, second = receiver.requests[0], receiver.requests[-1]
     assert second.headers["cronhook-attempt"] == "2"
     assert second.headers["webhook-id"] == first.headers["webhook-id"]  # receivers can dedupe
@@ -144,18 +172,17 @@ async def test_cronhook_up_serves_the_api_and_delivers_then_stops_on_sigterm(
     service = procs.start("up", ["up", "--port", str(port)], env)
     base = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(base_url=base, timeout=5) as http:
-        await wait_until_ready(http, timeout=30)
+        await wait_until_ready(http, timeout=60)
         auth = {"Authorization": f"Bearer {key}"}
         target = (await http.post("/v1/targets", json={"name": "r", "url": receiver.url()}, headers=auth)).json()
         job = (await http.post("/v1/jobs", json={"target_id": target["id"], "delay_s": 0.5}, headers=auth)).json()
-        await wait_for(lambda: len(receiver.requests) == 1, timeout=15, message="delivery via cronhook up")
+        await wait_for(lambda: len(receiver.requests) == 1, timeout=60, message="delivery via cronhook up")
 
         async def succeeded() -> bool:
             return (await http.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"] == "succeeded"
 
-        await wait_for(succeeded, timeout=10, message="succeeded")
-    service.send_signal(signal.SIGTERM)
-    service.wait(timeout=15)
+        await wait_for(succeeded, timeout=30, message="succeeded")
+    assert procs.terminate(service) == 0
     logs = procs.log("up")
     assert key not in logs and target["secret"] not in logs
 
@@ -170,10 +197,9 @@ async def test_cronhook_up_with_embedded_postgres_starts_and_stops_its_server(pr
             await wait_until_ready(http, timeout=60)
         postmaster = data_dir / "pg" / "postmaster.pid"
         assert postmaster.exists()
-        service.send_signal(signal.SIGTERM)
-        service.wait(timeout=30)
+        assert procs.terminate(service) == 0
         # The embedded server was stopped with the service, not left running.
-        await wait_for(lambda: not postmaster.exists(), timeout=15, message="embedded server stopped")
+        await wait_for(lambda: not postmaster.exists(), timeout=30, message="embedded server stopped")
     finally:
         import shutil
 

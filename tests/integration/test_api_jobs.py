@@ -26,6 +26,7 @@ async def target(client: httpx.AsyncClient, auth: dict[str, str]) -> dict[str, A
     return await make_target(client, auth, "http://127.0.0.1:9/hook")
 
 
+@pytest.mark.date_sensitive
 async def test_create_each_schedule_kind(
     client: httpx.AsyncClient, auth: dict[str, str], target: dict[str, Any]
 ) -> None:
@@ -108,6 +109,7 @@ async def test_bad_job_input_is_a_problem_naming_the_field_and_writes_nothing(
     assert await job_count(engine) == 0
 
 
+@pytest.mark.date_sensitive
 async def test_seconds_field_and_aliases(
     client: httpx.AsyncClient, auth: dict[str, str], target: dict[str, Any]
 ) -> None:
@@ -282,6 +284,7 @@ async def test_payload_round_trips_any_json_object(
         assert response.status_code == 422 and response.json()["errors"][0]["field"] == "payload"
 
 
+@pytest.mark.date_sensitive
 async def test_schedule_preview_shows_fire_times_with_offsets_across_dst(
     client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine
 ) -> None:
@@ -297,10 +300,16 @@ async def test_schedule_preview_shows_fire_times_with_offsets_across_dst(
     assert len(fires) == 400
     # A year of midnights in Berlin spans both offsets; each local time is midnight.
     assert {f["utc_offset"] for f in fires} == {"+01:00", "+02:00"}
+    berlin = __import__("zoneinfo").ZoneInfo("Europe/Berlin")
+    async with engine.connect() as conn:
+        now = await conn.scalar(select(func.now()))
+    assert now is not None and now < dt.datetime.fromisoformat(fires[0]["utc"]) <= now + dt.timedelta(days=1)
     for fire in fires:
         local = dt.datetime.fromisoformat(fire["at"])
         assert (local.hour, local.minute) == (0, 0)
         assert local == dt.datetime.fromisoformat(fire["utc"])
+        # The offset is the one the zone has at that instant (whichever side of a change).
+        assert local.utcoffset() == local.astimezone(berlin).utcoffset()
     assert await job_count(engine) == 0  # a preview creates nothing
 
     for params, field in (

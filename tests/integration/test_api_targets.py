@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.tables import targets
 from tests.conftest import make_job, make_target, new_tenant
+from tests.problems import assert_problem
 
 
 async def test_secret_appears_only_on_create_and_rotate(client: httpx.AsyncClient, auth: dict[str, str]) -> None:
@@ -109,7 +110,7 @@ async def test_other_tenants_cannot_touch_a_target(
 async def test_delivery_limits_are_validated_set_and_cleared(client: httpx.AsyncClient, auth: dict[str, str]) -> None:
     for bad, field in (({"max_in_flight": 0}, "max_in_flight"), ({"rate_per_s": -1}, "rate_per_s")):
         response = await client.post("/v1/targets", json={"name": "t", "url": "http://x.test/", **bad}, headers=auth)
-        assert response.status_code == 422 and field in response.text
+        assert_problem(response, 422, field)
     created = await client.post(
         "/v1/targets",
         json={"name": "t", "url": "http://x.test/", "max_in_flight": 4, "rate_per_s": 2.5},

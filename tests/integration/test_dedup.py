@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.tables import jobs
 from tests.conftest import make_target, new_tenant
+from tests.problems import assert_problem
 
 
 async def job_count(engine: AsyncEngine) -> int:
@@ -41,7 +42,7 @@ async def test_a_second_create_with_the_key_is_a_409_naming_the_job(
     assert again.status_code == 201 and again.json()["id"] != first.json()["id"]
 
     patched = await client.patch(f"/v1/jobs/{again.json()['id']}", json={"dedup_key": "x"}, headers=auth)
-    assert patched.status_code == 422 and "dedup_key" in patched.text
+    assert_problem(patched, 422, "dedup_key")
 
 
 async def test_concurrent_creates_with_one_key_make_one_job(

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import datetime as dt
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.services.scheduler import Scheduler, SchedulerConfig
+from app.settings import Settings
 from app.store.claims import job_claim_due
 from app.store.tables import jobs
 from tests.conftest import make_job, make_target
+from tests.problems import row_counts
+from tests.receiver import wait_for
 
 
 async def problem(response: httpx.Response, status: int, field: str) -> dict[str, Any]:
@@ -87,6 +92,7 @@ async def test_max_attempts_cannot_drop_to_the_attempts_made_while_a_retry_is_pe
     assert fresh.status_code == 200 and fresh.json()["attempt"] == 0
 
 
+@pytest.mark.date_sensitive
 async def test_patching_a_cron_expression_keeps_the_jobs_time_zone(
     client: httpx.AsyncClient, auth: dict[str, str]
 ) -> None:
@@ -94,8 +100,9 @@ async def test_patching_a_cron_expression_keeps_the_jobs_time_zone(
     job = await make_job(client, auth, target["id"], cron="0 9 * * *", timezone="Europe/Berlin")
     patched = (await client.patch(f"/v1/jobs/{job['id']}", json={"cron": "30 7 * * *"}, headers=auth)).json()
     assert patched["timezone"] == "Europe/Berlin"
-    local = dt.datetime.fromisoformat(patched["next_run_at"]).astimezone(dt.timezone(dt.timedelta(hours=1)))
-    assert (local.hour, local.minute) == (7, 30)  # 07:30 in Berlin (CET in November...)
+    # 07:30 on Berlin's wall clock, whichever offset (CET or CEST) holds on that day.
+    local = dt.datetime.fromisoformat(patched["next_run_at"]).astimezone(ZoneInfo("Europe/Berlin"))
+    assert (local.hour, local.minute) == (7, 30)
     # ...unless the PATCH names a zone.
     rezoned = await client.patch(f"/v1/jobs/{job['id']}", json={"cron": "30 7 * * *", "timezone": "UTC"}, headers=auth)
     assert rezoned.json()["timezone"] == "UTC"
@@ -208,6 +215,10 @@ async def test_a_bad_patch_names_the_field_that_was_sent(
     assert (await client.get(f"/v1/jobs/{job['id']}", headers=auth)).json() == job
 
 
+async def dead_letter_count(client: httpx.AsyncClient, auth: dict[str, str]) -> int:
+    return len((await client.get("/v1/dead-letters", headers=auth)).json()["items"])
+
+
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
@@ -221,12 +232,32 @@ async def test_a_bad_patch_names_the_field_that_was_sent(
     ],
 )
 async def test_numbers_and_booleans_must_be_json_numbers_and_booleans(
-    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine, path: str, body: dict[str, Any], field: str
+    client: httpx.AsyncClient,
+    auth: dict[str, str],
+    engine: AsyncEngine,
+    settings: Settings,
+    path: str,
+    body: dict[str, Any],
+    field: str,
 ) -> None:
     target = await make_target(client, auth, "http://127.0.0.1:9/hook")
     if path == "/v1/jobs":
         body = {"target_id": target["id"], "payload": {}, **body}
-    before = await count_jobs(engine)
+    if path == "/v1/dead-letters/replay":
+        # A dead letter a valid replay would turn into a job.
+        await make_job(client, auth, target["id"], max_attempts=1)
+        scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
+
+        async def dead_lettered() -> bool:
+            await scheduler.run_once()
+            return await dead_letter_count(client, auth) == 1
+
+        try:
+            await wait_for(dead_lettered, message="a dead letter")
+        finally:
+            await scheduler.close(grace_s=5)
+    before = await row_counts(engine)
     response = await problem(await client.post(path, json=body, headers=auth), 422, field)
     assert field in response["detail"]
-    assert await count_jobs(engine) == before
+    # Nothing written: no target, job, run, dead letter or idempotency key.
+    assert await row_counts(engine) == before

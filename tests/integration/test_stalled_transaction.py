@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
@@ -22,12 +22,14 @@ async def test_rows_locked_by_a_stalled_transaction_are_claimable_after_the_time
 ) -> None:
     target = await make_target(client, auth, "http://127.0.0.1:9/hook")
     job = await make_job(client, auth, target["id"])
-    stalled = create_engine(db_url, pool_size=1, idle_in_transaction_timeout_s=1.0)
+    idle_timeout_s = 3.0
+    stalled = create_engine(db_url, pool_size=1, idle_in_transaction_timeout_s=idle_timeout_s)
     conn = await stalled.connect()
     try:
         transaction = await conn.begin()
         # The stalled replica's claim had locked the row, then the process stopped.
         await conn.execute(select(jobs.c.id).where(jobs.c.id == job["id"]).with_for_update())
+        backend = await conn.scalar(select(func.pg_backend_pid()))
 
         claimed: list[str] = []
 
@@ -36,9 +38,21 @@ async def test_rows_locked_by_a_stalled_transaction_are_claimable_after_the_time
                 claimed.extend(str(j.id) for j in await job_claim_due(other, "survivor", 10, 30))
             return bool(claimed)
 
-        assert not await claimable()  # skipped while the lock is held...
-        await wait_for(claimable, timeout=15, interval=0.2, message="the lock released by the server")
+        async def stalled_session_alive() -> bool:
+            async with engine.connect() as watcher:
+                state = await watcher.scalar(
+                    text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}
+                )
+            return state == "idle in transaction"
+
+        # Skipped while the lock is held: checked only while the server says the stalled
+        # session is still there (a busy machine may take longer than the timeout to get here).
+        found = await claimable()
+        if await stalled_session_alive():
+            assert not found, "a row locked by a live transaction was claimed"
+        await wait_for(claimable, timeout=idle_timeout_s * 10, interval=0.2, message="the lock released by the server")
         assert claimed == [job["id"]]  # ...and taken once the server ended the stalled session
+        assert not await stalled_session_alive()
         with contextlib.suppress(Exception):  # its connection is gone; rolling back may fail
             await transaction.rollback()
     finally:
