@@ -90,6 +90,16 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(default=5.0, gt=0, le=3600)
     reaper_batch_size: int = Field(default=500, ge=1, le=100_000)
 
+    # Retention (the reaper deletes in batches of `retention_batch_size`, app/store/retention.py):
+    # finished jobs (succeeded, cancelled, dead without a dead letter) and their runs after
+    # `retention_days`; dead letters are kept until deleted, or after
+    # `dead_letter_retention_days` when set; a recurring job keeps its newest
+    # `runs_kept_per_job` runs.
+    retention_days: float = Field(default=30.0, gt=0, le=36_500)
+    dead_letter_retention_days: float | None = Field(default=None, gt=0, le=36_500)
+    runs_kept_per_job: int = Field(default=1000, ge=1, le=10_000_000)
+    retention_batch_size: int = Field(default=500, ge=1, le=100_000)
+
     # Defaults for jobs that do not set their own retry policy.
     default_max_attempts: int = Field(default=5, ge=1, le=100)
     default_backoff_base_s: float = Field(default=2.0, gt=0)

@@ -24,7 +24,7 @@ from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
 from app.logs import log_event
-from app.services.dispatcher import Dispatcher
+from app.services.dispatcher import Dispatcher, PostNotStarted
 from app.services.due_listener import DueListener
 from app.services.loop import (
     MAX_ERROR_BACKOFF_S,
@@ -216,11 +216,13 @@ class Scheduler:
         # Ownership rounds keep their own rhythm, so a slow claim never delays a renewal and a
         # renewal never delays a claim.
         renewals = asyncio.create_task(run_forever(self.ownership, stop, logger))
+        watchdog = asyncio.create_task(self.ownership.watch_loop(stop))
         listener = asyncio.create_task(DueListener(self._engine, self._wake_plan.on_due).run(stop))
         try:
             await self._claim_forever(stop)
         finally:
             await renewals
+            await watchdog
             await listener
             self._wake_plan.cancel()
 
@@ -291,7 +293,13 @@ class Scheduler:
             # Those steps took time of their own: check again before the POST.
             if not await self._still_trusted(job, partition, epoch, claimed_mono):
                 return None
-        result = await self._dispatcher.deliver(job, _db_clock(job, claimed_mono))
+        try:
+            result = await self._dispatcher.deliver(
+                job, _db_clock(job, claimed_mono), lambda: self._trust_holds(partition, epoch, claimed_mono)
+            )
+        except PostNotStarted:
+            await self._release_untrusted(job)
+            return None
         step = after_attempt(
             job.attempt_context(),
             result.succeeded,
@@ -306,15 +314,21 @@ class Scheduler:
         """Trust the lease only while it can still outlive the POST, and only while this replica
         still owns the partition it claimed from under the same epoch: after a stall (event loop
         starved, process paused) the reaper or a new owner may already have the job."""
-        if time.monotonic() <= claimed_mono + self.config.post_start_window_s and self.ownership.still_holds(
-            partition, epoch
-        ):
+        if self._trust_holds(partition, epoch, claimed_mono):
             return True
+        await self._release_untrusted(job)
+        return False
+
+    def _trust_holds(self, partition: int, epoch: int, claimed_mono: float) -> bool:
+        return time.monotonic() <= claimed_mono + self.config.post_start_window_s and self.ownership.still_holds(
+            partition, epoch
+        )
+
+    async def _release_untrusted(self, job: ClaimedJob) -> None:
         # No POST was made: hand the job back without counting the attempt.
         async with self._engine.begin() as conn:
             released = await job_release_claim(conn, job)
         log_event(logger, "lease_untrusted_released", logging.WARNING, job_id=str(job.id), released=released)
-        return False
 
     async def _hand_off(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
         """overlap_policy allow: the occurrence goes to a child job and the parent moves on to

@@ -50,7 +50,7 @@ from app.settings import default_of
 from app.store.job_rows import CLAIMED_JOB_COLUMNS, NO_LEASE, claimed_from_row, schedule_columns
 from app.store.outcomes import MISSED_REASON, skipped_run_values
 from app.store.runs import run_insert_many
-from app.store.tables import job_state, jobs, partition_leases, targets
+from app.store.tables import job_state, jobs, partition_leases, replicas, targets
 from app.store.targets import target_saturated_ids, target_take_delivery_slots
 
 logger = logging.getLogger(__name__)
@@ -407,19 +407,38 @@ def _next_occurrence_values(next_at: dt.datetime | None, ended: EndReason | None
     return {**values, "attempt": 0, **NO_LEASE}
 
 
-async def job_lock_expired_leases(conn: AsyncConnection, limit: int) -> list[ClaimedJob]:
-    """Running jobs whose lease has expired, row-locked for this transaction.
+def _dead_replicas() -> Any:
+    """Replicas whose death is certain: heartbeat expired and no partition lease left alive.
+    Such a replica trusts none of its leases any more (app/services/ownership.py), so it can
+    start no POST: its running jobs may be rescued before their job leases expire."""
+    live_lease = select(partition_leases.c.partition).where(
+        partition_leases.c.owner == replicas.c.id, partition_leases.c.expires_at > func.now()
+    )
+    return select(replicas.c.id).where(replicas.c.expires_at <= func.now(), ~live_lease.exists())
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpiredLease:
+    job: ClaimedJob
+    # True: rescued because its replica is dead, before the job lease itself expired.
+    owner_dead: bool
+
+
+async def job_lock_expired_leases(conn: AsyncConnection, limit: int) -> list[ExpiredLease]:
+    """Running jobs whose lease has expired, or whose lease owner is a dead replica (see
+    _dead_replicas), row-locked for this transaction.
 
     SKIP LOCKED: two reapers never hold the same job; the lease-token guard in
     job_finish_attempts makes a late scheduler's completion a no-op.
     """
+    expired = jobs.c.lease_expires_at < func.now()
     stmt = (
-        select(*CLAIMED_JOB_COLUMNS)
+        select(*CLAIMED_JOB_COLUMNS, (~expired).label("owner_dead"))
         .join(targets, targets.c.id == jobs.c.target_id)
-        .where(jobs.c.state == JobState.RUNNING, jobs.c.lease_expires_at < func.now())
+        .where(jobs.c.state == JobState.RUNNING, expired | jobs.c.lease_owner.in_(_dead_replicas()))
         .order_by(jobs.c.lease_expires_at)
         .limit(limit)
         .with_for_update(skip_locked=True, of=jobs)
     )
     rows = (await conn.execute(stmt)).mappings().all()
-    return [claimed_from_row(row) for row in rows]
+    return [ExpiredLease(claimed_from_row(row), bool(row["owner_dead"])) for row in rows]
