@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     # stalled or stopped process cannot keep job rows locked: SKIP LOCKED would hide them
     # from every other scheduler and from the reaper for as long as the stall lasted.
     db_idle_in_transaction_timeout_s: float = Field(default=10.0, ge=0, le=3600)
+    # PostgreSQL cancels any statement running longer than this (0 = no limit). A cancelled
+    # statement is treated as an outage: the service backs off and tries again.
+    db_statement_timeout_s: float = Field(default=0.0, ge=0, le=3600)
     auto_migrate: bool = True
 
     # HTTP API.

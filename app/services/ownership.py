@@ -74,6 +74,7 @@ class PartitionOwnership:
         # Monotonic time of the latest stall noticed: only a round started after it is trusted.
         self._stalled_at = float("-inf")
         self._watching = False  # lag is measured only while watch_loop runs
+        self._untrust_logged = False
         self.wake = asyncio.Event()  # the run_forever loop's protocol; nothing wakes ownership early
 
     def trusted(self) -> bool:
@@ -134,7 +135,9 @@ class PartitionOwnership:
             # only rows that still name us with the same epoch and have not expired, which
             # nobody else can have taken. Claiming waits for this round to succeed.
             previous = dict(self._held)
-            if previous and not self.trusted():
+            if previous and not self.trusted() and not self._untrust_logged:
+                # Once per episode: during a database outage every round lands here.
+                self._untrust_logged = True
                 log_event(logger, "partitions_untrusted", logging.WARNING, count=len(previous))
             async with self._engine.begin() as conn:
                 live = await replica_heartbeat(conn, self.replica_id, self.lease_s)
@@ -155,6 +158,7 @@ class PartitionOwnership:
             self._held = held
             # A round that began before a stall proves nothing about the time after it.
             self._trusted_until = started + self.lease_s - self.renew_s if started > self._stalled_at else 0.0
+            self._untrust_logged = False
             self._last_round = started
         if lost:
             log_event(logger, "partitions_lost", logging.WARNING, partitions=lost)

@@ -29,7 +29,7 @@ from app.services.due_listener import DueListener
 from app.services.loop import (
     MAX_ERROR_BACKOFF_S,
     MIN_ERROR_BACKOFF_S,
-    log_pass_failure,
+    OutageLog,
     run_forever,
     wait_for_stop_or_wake,
 )
@@ -230,15 +230,17 @@ class Scheduler:
         """run_forever's loop (app/services/loop.py), with a wait that ends exactly at the next
         due time: jitter only on a full poll interval, where it keeps replicas apart."""
         error_backoff = MIN_ERROR_BACKOFF_S
+        outage = OutageLog(logger, self.name)
         while not stop.is_set():
             try:
                 counts = await self.tick()
+                outage.succeeded()
                 error_backoff = MIN_ERROR_BACKOFF_S
                 wait = self.idle_wait_s(counts)
                 if wait >= self.config.poll_interval_s:
                     wait *= random.uniform(0.8, 1.2)
             except Exception as exc:
-                log_pass_failure(logger, self.name, exc, error_backoff)
+                outage.failed(exc, error_backoff)
                 wait = error_backoff
                 error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
             if wait > 0 and not self.wake.is_set():
