@@ -10,10 +10,13 @@ import sys
 import time
 import uuid
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.services.dispatcher import Dispatcher, PostNotStarted
 from app.settings import Settings
+from app.store.claims import job_claim_due
 from app.store.jobs import db_now
 from app.store.tables import jobs, runs
 from tests.e2e.test_cluster import (
@@ -25,8 +28,39 @@ from tests.e2e.test_cluster import (
     wait_for_fair_shares,
 )
 from tests.e2e.test_processes import Processes, base_env
-from tests.factories import make_jobs_bulk, make_tenant_and_target
+from tests.factories import make_jobs, make_jobs_bulk, make_tenant_and_target
 from tests.receiver import Receiver, Reply, wait_for
+
+
+async def test_the_last_trust_check_runs_once_the_connection_is_in_hand_and_sends_nothing_when_it_fails(
+    engine: AsyncEngine, settings: Settings, receiver: Receiver
+) -> None:
+    tenant, target = await make_tenant_and_target(engine, receiver.url())
+    await make_jobs(engine, tenant, target, 3)
+    async with engine.begin() as conn:
+        first, second, third = await job_claim_due(conn, "me", 3, 30)
+        now = await db_now(conn)
+    dispatcher = Dispatcher(4, settings.max_target_timeout_s, settings.egress_policy)
+    await dispatcher.start()
+    checks: list[str] = []
+
+    def refuse() -> bool:
+        checks.append("refused")
+        return False
+
+    try:
+        # A new connection: connected, then refused before a byte of the request is written.
+        with pytest.raises(PostNotStarted):
+            await dispatcher.deliver(first, now, refuse)
+        assert receiver.requests == [] and checks == ["refused"]
+        assert (await dispatcher.deliver(second, now, lambda: True)).succeeded
+        # A pooled connection (the one the last POST used): refused just the same.
+        with pytest.raises(PostNotStarted):
+            await dispatcher.deliver(third, now, refuse)
+        assert [r.headers["cronhook-job-id"] for r in receiver.requests] == [str(second.id)]
+        assert checks == ["refused", "refused"]
+    finally:
+        await dispatcher.close()
 
 
 async def test_a_stopped_scheduler_that_wakes_after_takeover_sends_no_stale_post(
