@@ -36,7 +36,7 @@ async def seed(engine: Any, args: argparse.Namespace, retention_days: float) -> 
     async with engine.begin() as conn:
         tenant = await tenant_ensure(conn, "retention")
         target, _ = await target_create(conn, tenant, name="t", url="https://example.com/", headers={}, timeout_s=2)
-        params = {"tenant": tenant, "target": target["id"], "n": args.jobs, "age": f"{retention_days + 1} days"}
+        params = {"tenant": tenant, "target": target["id"], "n": args.jobs, "age": dt.timedelta(days=retention_days + 1)}
         # Finished one-offs, aged past retention, one run each (set-based: seeding is not measured).
         await conn.execute(
             text(
