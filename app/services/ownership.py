@@ -14,7 +14,8 @@ that cannot renew (stalled, partitioned from the database) stops claiming and st
 new POSTs before anyone else can take its partitions over.
 
 Stalls: a lag watchdog (`watch_loop`) beats every fraction of a second. A gap between beats
-longer than `stall_s` (a quarter of the partition lease) means this process was paused or
+longer than `stall_s` (half the partition lease; measured on CLOCK_BOOTTIME where the
+platform has it, which also counts a suspended machine or VM) means this process was paused or
 its event loop starved: whatever it believed about its leases is suspect, so it trusts
 nothing until a round that started after the stall has renewed its leases in the database.
 `trusted()` checks the gap itself, so the first code to run after a wake-up (a delivery's
@@ -44,9 +45,18 @@ from app.store.partitions import (
 logger = logging.getLogger(__name__)
 
 # A stall longer than this share of the partition lease voids trust until a fresh round.
-STALL_FRACTION_OF_LEASE = 0.25
+STALL_FRACTION_OF_LEASE = 0.5
 # How often the watchdog beats, as a share of the stall threshold.
 BEATS_PER_STALL = 10
+
+
+def _clock() -> float:
+    """Monotonic time that keeps counting while the machine or VM is suspended (Linux)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+if not hasattr(time, "CLOCK_BOOTTIME"):
+    _clock = time.monotonic
 
 
 class PartitionOwnership:
@@ -70,7 +80,7 @@ class PartitionOwnership:
         self._last_round = float("-inf")
         self._lock = asyncio.Lock()
         self.stall_s = lease_s * STALL_FRACTION_OF_LEASE
-        self._last_beat = time.monotonic()
+        self._last_beat = _clock()
         # Monotonic time of the latest stall noticed: only a round started after it is trusted.
         self._stalled_at = float("-inf")
         self._watching = False  # lag is measured only while watch_loop runs
@@ -79,13 +89,13 @@ class PartitionOwnership:
 
     def trusted(self) -> bool:
         now = time.monotonic()
-        if self._watching and now - self._last_beat > self.stall_s:
+        if self._watching and _clock() - self._last_beat > self.stall_s:
             self._note_stall(now)
         return now < self._trusted_until
 
     def _note_stall(self, now: float) -> None:
-        gap = now - self._last_beat
-        self._last_beat = now
+        gap = _clock() - self._last_beat
+        self._last_beat = _clock()
         self._stalled_at = now
         if self._trusted_until > 0:
             log_event(logger, "event_loop_stalled", logging.WARNING, gap_s=round(gap, 3), held=len(self._held))
@@ -94,12 +104,12 @@ class PartitionOwnership:
     async def watch_loop(self, stop: asyncio.Event) -> None:
         """The lag watchdog: beats until `stop`; a late beat voids trust (see trusted())."""
         beat_s = self.stall_s / BEATS_PER_STALL
-        self._last_beat = time.monotonic()
+        self._last_beat = _clock()
         self._watching = True
         try:
             while not stop.is_set():
                 self.trusted()
-                self._last_beat = time.monotonic()
+                self._last_beat = _clock()
                 try:
                     await asyncio.wait_for(stop.wait(), beat_s)
                 except TimeoutError:

@@ -40,6 +40,9 @@ class ReaperConfig:
     dead_letter_retention_days: float | None = default_of("dead_letter_retention_days")
     runs_kept_per_job: int = default_of("runs_kept_per_job")
     retention_batch_size: int = default_of("retention_batch_size")
+    # A dead replica's jobs wait its target's timeout plus this (the scheduler's time to
+    # record an outcome) after its heartbeat expired: a POST it started may still end.
+    lease_margin_s: float = default_of("lease_margin_s")
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.batch_size < 1 or self.retention_batch_size < 1:
@@ -56,6 +59,7 @@ class ReaperConfig:
             dead_letter_retention_days=settings.dead_letter_retention_days,
             runs_kept_per_job=settings.runs_kept_per_job,
             retention_batch_size=settings.retention_batch_size,
+            lease_margin_s=settings.lease_margin_s,
         )
 
 
@@ -76,7 +80,7 @@ class Reaper:
     async def run_once(self) -> dict[str, int]:
         counts = {"rescued": 0, "dead_lettered": 0}
         async with self._engine.begin() as conn:
-            expired = await job_lock_expired_leases(conn, self.config.batch_size)
+            expired = await job_lock_expired_leases(conn, self.config.batch_size, self.config.lease_margin_s)
             items = [
                 FinishedAttempt(
                     lease.job,
