@@ -52,6 +52,7 @@ class Runtime:
             self.settings.db_pool_size,
             idle_in_transaction_timeout_s=self.settings.db_idle_in_transaction_timeout_s,
             pre_ping=self._pre_ping,
+            statement_timeout_s=self.settings.db_statement_timeout_s,
         )
         await self._wait_for_database()
         migrating = self.settings.auto_migrate if migrate is None else migrate

@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     # stalled or stopped process cannot keep job rows locked: SKIP LOCKED would hide them
     # from every other scheduler and from the reaper for as long as the stall lasted.
     db_idle_in_transaction_timeout_s: float = Field(default=10.0, ge=0, le=3600)
+    # PostgreSQL cancels any statement running longer than this (0 = no limit). A cancelled
+    # statement is treated as an outage: the service backs off and tries again.
+    db_statement_timeout_s: float = Field(default=0.0, ge=0, le=3600)
     auto_migrate: bool = True
 
     # HTTP API.
@@ -120,6 +123,16 @@ class Settings(BaseSettings):
     # Reaper.
     reaper_interval_s: float = Field(default=5.0, gt=0, le=3600)
     reaper_batch_size: int = Field(default=500, ge=1, le=100_000)
+
+    # Retention (the reaper deletes in batches of `retention_batch_size`, app/store/retention.py):
+    # finished jobs (succeeded, cancelled, dead without a dead letter) and their runs after
+    # `retention_days`; dead letters are kept until deleted, or after
+    # `dead_letter_retention_days` when set; a recurring job keeps its newest
+    # `runs_kept_per_job` runs.
+    retention_days: float = Field(default=30.0, gt=0, le=36_500)
+    dead_letter_retention_days: float | None = Field(default=None, gt=0, le=36_500)
+    runs_kept_per_job: int = Field(default=1000, ge=1, le=10_000_000)
+    retention_batch_size: int = Field(default=500, ge=1, le=100_000)
 
     # Defaults for jobs that do not set their own retry policy.
     default_max_attempts: int = Field(default=5, ge=1, le=100)

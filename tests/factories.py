@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.job import NewJob
@@ -98,3 +98,13 @@ async def make_jobs_bulk(
         async with engine.begin() as conn:
             ids.extend(row["id"] for row in await job_create_many(conn, news))
     return ids
+
+
+async def backdate(engine: AsyncEngine, column: Any, ids: list[uuid.UUID], days: float) -> None:
+    """Sets `column` (jobs.c.finished_at, dead_letters.c.created_at, ...) of the rows with
+    these ids to `days` before the database's now(), as if they had aged that long."""
+    table = column.table
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(table).where(table.c.id.in_(ids)).values({column.name: func.now() - dt.timedelta(days=days)})
+        )

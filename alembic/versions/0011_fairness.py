@@ -5,7 +5,7 @@ the other tenants' due jobs tenant by tenant (app/store/claim_ranking.py), one s
 of this index per tenant and priority level, however deep the full tenant's backlog.
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0010
 """
 
 from collections.abc import Sequence
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0011"
-down_revision: str | None = "0008"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

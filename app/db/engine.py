@@ -17,7 +17,11 @@ def normalize_url(raw: str) -> URL:
 
 
 def create_engine(
-    raw_url: str, pool_size: int = 10, idle_in_transaction_timeout_s: float = 10.0, pre_ping: bool = False
+    raw_url: str,
+    pool_size: int = 10,
+    idle_in_transaction_timeout_s: float = 10.0,
+    pre_ping: bool = False,
+    statement_timeout_s: float = 0.0,
 ) -> AsyncEngine:
     """`pre_ping` tests every connection on checkout (three round trips: BEGIN, an empty
     statement, ROLLBACK); it is off by default: every service loop treats a dead connection as
@@ -31,6 +35,9 @@ def create_engine(
     server_settings = {"jit": "off"}
     if idle_in_transaction_timeout_s > 0:
         server_settings["idle_in_transaction_session_timeout"] = str(round(idle_in_transaction_timeout_s * 1000))
+    if statement_timeout_s > 0:
+        # A statement that hits it is an outage like any other: back off, retry (app/db/errors.py).
+        server_settings["statement_timeout"] = str(round(statement_timeout_s * 1000))
     return create_async_engine(
         normalize_url(raw_url),
         connect_args={"server_settings": server_settings},

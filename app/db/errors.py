@@ -17,7 +17,20 @@ TRANSIENT_DB_ERRORS = (OSError, ConnectionError, OperationalError, InterfaceErro
 # is shutting down" (57P03) as a plain DBAPIError, which must not be logged as a bug.
 # 25P03: the server ended this session after it sat idle in a transaction (the process
 # stalled); the next pass gets a fresh connection.
-_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "25P03")
+# 53...: insufficient resources (53300: too many connections, max_connections or a role's or
+# database's CONNECTION LIMIT reached; 53200: out of memory). 57014: a statement cancelled by
+# statement_timeout (a claim stuck behind a lock, an overloaded server).
+_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "25P03", "53", "57014")
+
+# What an operator reads in the logs and in /readyz, by SQLSTATE prefix (first match wins).
+_REASONS = (
+    ("53300", "the database refuses connections: too many connections (53300)"),
+    ("53", "the database is short of resources"),
+    ("57014", "a statement was cancelled by statement_timeout (57014)"),
+    ("57P", "the database is shutting down or starting up"),
+    ("25P03", "a session was ended after idling in a transaction"),
+    ("08", "the connection to the database failed"),
+)
 
 
 def is_transient_db_error(exc: BaseException) -> bool:
@@ -30,3 +43,23 @@ def is_transient_db_error(exc: BaseException) -> bool:
         return True
     sqlstate = getattr(exc.orig, "sqlstate", None)
     return isinstance(sqlstate, str) and sqlstate.startswith(_OUTAGE_SQLSTATE_PREFIXES)
+
+
+def outage_reason(exc: BaseException) -> str:
+    """A short, secret-free description of a transient database error."""
+    orig = getattr(exc, "orig", None)
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(exc, "sqlstate", None)
+    cause = exc.__cause__
+    while sqlstate is None and cause is not None:
+        sqlstate = getattr(cause, "sqlstate", None)
+        cause = cause.__cause__
+    if isinstance(sqlstate, str):
+        for prefix, reason in _REASONS:
+            if sqlstate.startswith(prefix):
+                return reason
+        return f"database error {sqlstate}"
+    if isinstance(exc, PoolTimeoutError):
+        return "every pooled database connection is busy"
+    if isinstance(exc, ConnectionRefusedError) or isinstance(getattr(exc, "orig", None), ConnectionRefusedError):
+        return "the database refuses connections (connection refused)"
+    return f"the database is unreachable ({type(exc).__name__})"

@@ -5,13 +5,22 @@ never followed (a 3xx is a failed attempt), every request has a total deadline, 
 64 KB of a response is read. The egress policy is enforced on the addresses actually connected
 to (app/services/egress_resolver.py); a refused delivery is not retried, and neither its error
 nor that of a failed connection says anything about the address or port.
+
+The last trust check (`deliver`'s `may_send`) runs in the connector, after a connection is
+acquired (new or pooled) and immediately before aiohttp writes the request: no await lies
+between the check and the write, so a scheduler that stalled anywhere before it (a wait for
+a pooled connection, a slow connect, a paused process) sends nothing once it has lost its
+lease or partition. The connection goes back to the pool unused.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from yarl import URL
@@ -26,6 +35,27 @@ MAX_RESPONSE_BYTES = 64 * 1024
 # How much of a failing response's body is kept as the run's error.
 ERROR_EXCERPT_CHARS = 512
 USER_AGENT = "cronhook/0.1"
+
+
+class PostNotStarted(Exception):
+    """The last trust check failed: nothing was written to the network."""
+
+
+# The delivery's last trust check, read by the connector in the delivering task's context.
+_may_send: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("may_send", default=None)
+
+
+class TrustCheckingConnector(aiohttp.TCPConnector):
+    """A TCPConnector that asks the delivery whether it may still send, once the connection
+    is in hand: aiohttp writes the request right after connect() returns."""
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: ASYNC109 (aiohttp signature)
+        conn = await super().connect(req, traces, timeout)
+        may_send = _may_send.get()
+        if may_send is not None and not may_send():
+            conn.release()
+            raise PostNotStarted
+        return conn
 
 
 def webhook_id(job: ClaimedJob) -> str:
@@ -71,7 +101,7 @@ class Dispatcher:
 
     async def start(self) -> None:
         resolver = EgressResolver(self._egress)
-        connector = aiohttp.TCPConnector(
+        connector = TrustCheckingConnector(
             limit=self._concurrency,
             limit_per_host=0,
             # Cached answers are the vetted ones: a rebinding DNS server gains nothing.
@@ -94,9 +124,14 @@ class Dispatcher:
             await self._session.close()
             self._session = None
 
-    async def deliver(self, job: ClaimedJob, started_wall: dt.datetime) -> AttemptOutcome:
-        """`started_wall` is the attempt's start on the database clock (signed timestamp)."""
+    async def deliver(
+        self, job: ClaimedJob, started_wall: dt.datetime, may_send: Callable[[], bool] | None = None
+    ) -> AttemptOutcome:
+        """`started_wall` is the attempt's start on the database clock (signed timestamp).
+
+        Raises PostNotStarted when `may_send` says no just before the request is written."""
         assert self._session is not None, "Dispatcher.start() not called"
+        _may_send.set(may_send)
         body, headers = build_request(job, started_wall)
         timeout_s = min(job.timeout_s, self._max_timeout_s)
         started = time.monotonic()

@@ -1,15 +1,16 @@
 """The shape every background service shares: `run_once()` for tests, `run_forever()` for
-processes, a jittered wait between passes, backoff while the database is unreachable, and a
-clean stop."""
+processes, a jittered wait between passes, backoff while the database is unreachable (logged
+once per outage, not once per attempt), and a clean stop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
+import time
 from typing import Protocol
 
-from app.db.errors import is_transient_db_error
+from app.db.errors import is_transient_db_error, outage_reason
 from app.logs import log_event
 
 MIN_ERROR_BACKOFF_S = 0.5
@@ -28,27 +29,64 @@ class Service(Protocol):
     def idle_wait_s(self, counts: dict[str, int]) -> float: ...
 
 
+class OutageLog:
+    """Logs a database outage once per episode: `{name}_db_unavailable` at the first failed
+    pass (with the reason), `{name}_db_recovered` at the first pass that succeeds after it
+    (with how long it lasted and how many passes failed); the attempts between are DEBUG."""
+
+    def __init__(self, logger: logging.Logger, name: str) -> None:
+        self._logger = logger
+        self._name = name
+        self._since: float | None = None
+        self._failures = 0
+
+    def failed(self, exc: Exception, retry_in_s: float) -> None:
+        if not is_transient_db_error(exc):
+            self._logger.exception(f"{self._name}_pass_failed")
+            return
+        self._failures += 1
+        first = self._since is None
+        if first:
+            self._since = time.monotonic()
+        log_event(
+            self._logger,
+            f"{self._name}_db_unavailable",
+            logging.WARNING if first else logging.DEBUG,
+            reason=outage_reason(exc),
+            error=type(exc).__name__,
+            retry_in_s=retry_in_s,
+        )
+
+    def succeeded(self) -> None:
+        if self._since is None:
+            return
+        lasted_s = time.monotonic() - self._since
+        log_event(
+            self._logger,
+            f"{self._name}_db_recovered",
+            logging.WARNING,
+            lasted_s=round(lasted_s, 1),
+            failed_passes=self._failures,
+        )
+        self._since, self._failures = None, 0
+
+
 async def run_forever(service: Service, stop: asyncio.Event, logger: logging.Logger) -> None:
     error_backoff = MIN_ERROR_BACKOFF_S
+    outage = OutageLog(logger, service.name)
     while not stop.is_set():
         try:
             counts = await service.tick()
+            outage.succeeded()
             error_backoff = MIN_ERROR_BACKOFF_S
             wait = service.idle_wait_s(counts)
         except Exception as exc:
-            log_pass_failure(logger, service.name, exc, error_backoff)
+            outage.failed(exc, error_backoff)
             wait = error_backoff
             error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
         if wait > 0:
             # Jitter keeps replicas that started together from polling in lockstep.
             await wait_for_stop_or_wake(stop, service.wake, wait * random.uniform(0.8, 1.2))
-
-
-def log_pass_failure(logger: logging.Logger, name: str, exc: Exception, retry_in_s: float) -> None:
-    if is_transient_db_error(exc):
-        log_event(logger, f"{name}_db_unavailable", logging.WARNING, error=type(exc).__name__, retry_in_s=retry_in_s)
-    else:
-        logger.exception(f"{name}_pass_failed")
 
 
 async def wait_for_stop_or_wake(stop: asyncio.Event, wake: asyncio.Event, wait_s: float) -> None:

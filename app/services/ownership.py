@@ -12,6 +12,14 @@ least t + lease_s on the database's clock (its `now()` is later than t). The rep
 its partitions only until t + lease_s - renew_s, on its own monotonic clock, so a replica
 that cannot renew (stalled, partitioned from the database) stops claiming and starts no
 new POSTs before anyone else can take its partitions over.
+
+Stalls: a lag watchdog (`watch_loop`) beats every fraction of a second. A gap between beats
+longer than `stall_s` (half the partition lease; measured on CLOCK_BOOTTIME where the
+platform has it, which also counts a suspended machine or VM) means this process was paused or
+its event loop starved: whatever it believed about its leases is suspect, so it trusts
+nothing until a round that started after the stall has renewed its leases in the database.
+`trusted()` checks the gap itself, so the first code to run after a wake-up (a delivery's
+last trust check, app/services/dispatcher.py) already sees the stall.
 """
 
 from __future__ import annotations
@@ -36,6 +44,20 @@ from app.store.partitions import (
 
 logger = logging.getLogger(__name__)
 
+# A stall longer than this share of the partition lease voids trust until a fresh round.
+STALL_FRACTION_OF_LEASE = 0.5
+# How often the watchdog beats, as a share of the stall threshold.
+BEATS_PER_STALL = 10
+
+
+def _clock() -> float:
+    """Monotonic time that keeps counting while the machine or VM is suspended (Linux)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+if not hasattr(time, "CLOCK_BOOTTIME"):
+    _clock = time.monotonic
+
 
 class PartitionOwnership:
     name = "ownership"
@@ -57,10 +79,43 @@ class PartitionOwnership:
         self._trusted_until = 0.0
         self._last_round = float("-inf")
         self._lock = asyncio.Lock()
+        self.stall_s = lease_s * STALL_FRACTION_OF_LEASE
+        self._last_beat = _clock()
+        # Monotonic time of the latest stall noticed: only a round started after it is trusted.
+        self._stalled_at = float("-inf")
+        self._watching = False  # lag is measured only while watch_loop runs
+        self._untrust_logged = False
         self.wake = asyncio.Event()  # the run_forever loop's protocol; nothing wakes ownership early
 
     def trusted(self) -> bool:
-        return time.monotonic() < self._trusted_until
+        now = time.monotonic()
+        if self._watching and _clock() - self._last_beat > self.stall_s:
+            self._note_stall(now)
+        return now < self._trusted_until
+
+    def _note_stall(self, now: float) -> None:
+        gap = _clock() - self._last_beat
+        self._last_beat = _clock()
+        self._stalled_at = now
+        if self._trusted_until > 0:
+            log_event(logger, "event_loop_stalled", logging.WARNING, gap_s=round(gap, 3), held=len(self._held))
+        self._trusted_until = 0.0
+
+    async def watch_loop(self, stop: asyncio.Event) -> None:
+        """The lag watchdog: beats until `stop`; a late beat voids trust (see trusted())."""
+        beat_s = self.stall_s / BEATS_PER_STALL
+        self._last_beat = _clock()
+        self._watching = True
+        try:
+            while not stop.is_set():
+                self.trusted()
+                self._last_beat = _clock()
+                try:
+                    await asyncio.wait_for(stop.wait(), beat_s)
+                except TimeoutError:
+                    pass
+        finally:
+            self._watching = False
 
     def held(self) -> Held:
         """The partitions (with epochs) this replica may claim from now; empty once untrusted."""
@@ -90,7 +145,9 @@ class PartitionOwnership:
             # only rows that still name us with the same epoch and have not expired, which
             # nobody else can have taken. Claiming waits for this round to succeed.
             previous = dict(self._held)
-            if previous and not self.trusted():
+            if previous and not self.trusted() and not self._untrust_logged:
+                # Once per episode: during a database outage every round lands here.
+                self._untrust_logged = True
                 log_event(logger, "partitions_untrusted", logging.WARNING, count=len(previous))
             async with self._engine.begin() as conn:
                 live = await replica_heartbeat(conn, self.replica_id, self.lease_s)
@@ -109,7 +166,9 @@ class PartitionOwnership:
                     held.update(acquired)
             lost = sorted(set(previous) - set(held) - set(released))
             self._held = held
-            self._trusted_until = started + self.lease_s - self.renew_s
+            # A round that began before a stall proves nothing about the time after it.
+            self._trusted_until = started + self.lease_s - self.renew_s if started > self._stalled_at else 0.0
+            self._untrust_logged = False
             self._last_round = started
         if lost:
             log_event(logger, "partitions_lost", logging.WARNING, partitions=lost)

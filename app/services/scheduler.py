@@ -28,12 +28,12 @@ from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
 from app.domain.states import JobState
 from app.logs import log_event
-from app.services.dispatcher import Dispatcher
+from app.services.dispatcher import Dispatcher, PostNotStarted
 from app.services.due_listener import DueListener
 from app.services.loop import (
     MAX_ERROR_BACKOFF_S,
     MIN_ERROR_BACKOFF_S,
-    log_pass_failure,
+    OutageLog,
     run_forever,
     wait_for_stop_or_wake,
 )
@@ -244,11 +244,13 @@ class Scheduler:
         # Ownership rounds keep their own rhythm, so a slow claim never delays a renewal and a
         # renewal never delays a claim.
         renewals = asyncio.create_task(run_forever(self.ownership, stop, logger))
+        watchdog = asyncio.create_task(self.ownership.watch_loop(stop))
         listener = asyncio.create_task(DueListener(self._engine, self._wake_plan.on_due).run(stop))
         try:
             await self._claim_forever(stop)
         finally:
             await renewals
+            await watchdog
             await listener
             self._wake_plan.cancel()
 
@@ -256,15 +258,17 @@ class Scheduler:
         """run_forever's loop (app/services/loop.py), with a wait that ends exactly at the next
         due time: jitter only on a full poll interval, where it keeps replicas apart."""
         error_backoff = MIN_ERROR_BACKOFF_S
+        outage = OutageLog(logger, self.name)
         while not stop.is_set():
             try:
                 counts = await self.tick()
+                outage.succeeded()
                 error_backoff = MIN_ERROR_BACKOFF_S
                 wait = self.idle_wait_s(counts)
                 if wait >= self.config.poll_interval_s:
                     wait *= random.uniform(0.8, 1.2)
             except Exception as exc:
-                log_pass_failure(logger, self.name, exc, error_backoff)
+                outage.failed(exc, error_backoff)
                 wait = error_backoff
                 error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
             if wait > 0 and not self.wake.is_set():
@@ -324,7 +328,13 @@ class Scheduler:
             # Those steps took time of their own: check again before the POST.
             if not await self._still_trusted(job, partition, epoch, claimed_mono):
                 return None
-        result = await self._dispatcher.deliver(job, _db_clock(job, claimed_mono))
+        try:
+            result = await self._dispatcher.deliver(
+                job, _db_clock(job, claimed_mono), lambda: self._trust_holds(partition, epoch, claimed_mono)
+            )
+        except PostNotStarted:
+            await self._release_untrusted(job)
+            return None
         step = after_attempt(
             job.attempt_context(),
             result.succeeded,
@@ -339,15 +349,21 @@ class Scheduler:
         """Trust the lease only while it can still outlive the POST, and only while this replica
         still owns the partition it claimed from under the same epoch: after a stall (event loop
         starved, process paused) the reaper or a new owner may already have the job."""
-        if time.monotonic() <= claimed_mono + self.config.post_start_window_s and self.ownership.still_holds(
-            partition, epoch
-        ):
+        if self._trust_holds(partition, epoch, claimed_mono):
             return True
+        await self._release_untrusted(job)
+        return False
+
+    def _trust_holds(self, partition: int, epoch: int, claimed_mono: float) -> bool:
+        return time.monotonic() <= claimed_mono + self.config.post_start_window_s and self.ownership.still_holds(
+            partition, epoch
+        )
+
+    async def _release_untrusted(self, job: ClaimedJob) -> None:
         # No POST was made: hand the job back without counting the attempt.
         async with self._engine.begin() as conn:
             released = await job_release_claim(conn, job)
         log_event(logger, "lease_untrusted_released", logging.WARNING, job_id=str(job.id), released=released)
-        return False
 
     async def _hand_off(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
         """overlap_policy allow: the occurrence goes to a child job and the parent moves on to

@@ -42,7 +42,9 @@ async def replica_heartbeat(conn: AsyncConnection, replica_id: str, ttl_s: float
 
 
 async def replica_remove(conn: AsyncConnection, replica_id: str) -> None:
-    await conn.execute(delete(replicas).where(replicas.c.id == replica_id))
+    """Marks a replica gone (clean shutdown): expired now, so the reaper rescues any delivery
+    it cancelled at once; the row itself goes with the next heartbeat's clean-up."""
+    await conn.execute(update(replicas).where(replicas.c.id == replica_id).values(expires_at=func.now()))
 
 
 def _held_by(owner: str, held: Held) -> list[ColumnElement[bool]]:

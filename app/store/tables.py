@@ -281,6 +281,12 @@ jobs = Table(
     Index("ix_jobs_parent", "parent_job_id", postgresql_where=text("parent_job_id IS NOT NULL")),
     # Deliveries in flight per target (max_in_flight).
     Index("ix_jobs_target_running", "target_id", postgresql_where=text("state = 'running'")),
+    # Retention: finished jobs, oldest first (app/store/retention.py).
+    Index(
+        "ix_jobs_finished",
+        "finished_at",
+        postgresql_where=text("state IN ('succeeded', 'dead', 'cancelled')"),
+    ),
     Index(
         "ix_jobs_tenant_dedup_key",
         "tenant_id",
@@ -330,6 +336,9 @@ dead_letters = Table(
     # One dead letter per occurrence, even if two processes race to write it.
     UniqueConstraint("occurrence_id"),
     Index("ix_dead_letters_tenant_created", "tenant_id", "created_at", "id"),
+    # Retention: whether a finished job still has a dead letter, and the oldest dead letters.
+    Index("ix_dead_letters_job", "job_id"),
+    Index("ix_dead_letters_created", "created_at"),
 )
 
 # Scheduler replicas announce themselves here; a replica whose `expires_at` has passed is

@@ -51,6 +51,9 @@ async def test_a_stale_lease_cannot_record_an_outcome(engine: AsyncEngine) -> No
         "rescued": 1,
         "dead_lettered": 0,
         "idempotency_keys_purged": 0,
+        "dead_letters_deleted": 0,
+        "runs_deleted": 0,
+        "jobs_deleted": 0,
     }
     async with engine.begin() as conn:
         await conn.execute(jobs.update().values(run_at=func.now()).where(jobs.c.state == "retrying"))
@@ -106,6 +109,9 @@ async def test_reaper_leaves_live_leases_alone(engine: AsyncEngine) -> None:
         "rescued": 0,
         "dead_lettered": 0,
         "idempotency_keys_purged": 0,
+        "dead_letters_deleted": 0,
+        "runs_deleted": 0,
+        "jobs_deleted": 0,
     }
     assert (await states(engine)) == Counter({"running": 3})
 

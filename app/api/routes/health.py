@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.deps import get_engine
 from app.api.schemas.operations import Health, Readiness
-from app.db.errors import is_transient_db_error
+from app.db.errors import is_transient_db_error, outage_reason
 from app.db.migrate import schema_is_current
 from app.logs import log_event
 
@@ -26,6 +26,7 @@ async def healthz() -> Health:
 @router.get("/readyz", operation_id="readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(engine: AsyncEngine = Depends(get_engine)) -> Readiness | JSONResponse:  # noqa: B008
     database = schema_current = False
+    reason = None
     try:
         # One round trip answers both: reading the revision needs a working connection.
         schema_current = await schema_is_current(engine)
@@ -33,8 +34,12 @@ async def readyz(engine: AsyncEngine = Depends(get_engine)) -> Readiness | JSONR
     except Exception as exc:
         if not is_transient_db_error(exc):
             raise
-        log_event(logger, "readiness_db_unavailable", logging.WARNING, error=type(exc).__name__)
+        reason = outage_reason(exc)
+        # DEBUG: probes come every few seconds; the services log an outage once per episode.
+        log_event(logger, "readiness_db_unavailable", logging.DEBUG, error=type(exc).__name__, reason=reason)
     if database and schema_current:
         return Readiness(status="ready", database=True, schema_current=True)
-    body = Readiness(status="unavailable", database=database, schema_current=schema_current)
+    if database:
+        reason = "the database schema is not at the revision this version needs (run cronhook migrate)"
+    body = Readiness(status="unavailable", database=database, schema_current=schema_current, reason=reason)
     return JSONResponse(body.model_dump(), status_code=503)

@@ -16,6 +16,10 @@ class Readiness(BaseModel):
     status: Literal["ready", "unavailable"]
     database: bool
     schema_current: bool
+    reason: str | None = Field(
+        default=None,
+        description="Why the service is unavailable (e.g. the database refuses connections); null when ready.",
+    )
 
 
 class ClusterPartition(BaseModel):
