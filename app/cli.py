@@ -20,15 +20,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import __version__
 from app.api.app import create_app
+from app.cli_security import add_security_commands
 from app.client.commands import add_client_commands, run_client_command
 from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
+from app.keyring import KeyRingError
 from app.logs import configure_logging, log_event
 from app.processes import LISTEN_FD_ENV, ChildSpec, Supervisor, attach_to_parent, child_env
 from app.runtime import Runtime
 from app.services.probes import PortInUse, ensure_port_free, start_probe_server
 from app.services.startup import start_services
 from app.settings import Settings
-from app.store.tenants import api_key_create, tenant_ensure
 
 logger = logging.getLogger("app.cli")
 
@@ -90,10 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply database migrations").set_defaults(func=_cmd_migrate)
     sub.add_parser("openapi", help="print the OpenAPI document").set_defaults(func=_cmd_openapi)
 
-    keys = sub.add_parser("api-key", help="manage API keys").add_subparsers(dest="action", required=True)
-    create = keys.add_parser("create", help="create a key and print it (only the key) once")
-    create.add_argument("--tenant", required=True, help="tenant name; created if new")
-    create.set_defaults(func=_cmd_api_key_create)
+    add_security_commands(sub)
 
     health = sub.add_parser("health", help="exit 0 when the local API or role (CRONHOOK_METRICS_PORT) answers /healthz")
     health.add_argument("--url", help="default: http://127.0.0.1:<CRONHOOK_METRICS_PORT, else CRONHOOK_PORT>")
@@ -229,7 +227,7 @@ def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
                 await probes.cleanup()
             log_event(logger, "scheduler_stopped", replica_id=settings.replica_id)
 
-    _run_role(settings, body)
+    run_role(settings, body)
 
 
 def _supervise(settings: Settings, children: list[ChildSpec]) -> None:
@@ -248,7 +246,7 @@ def _supervise(settings: Settings, children: list[ChildSpec]) -> None:
             if probes is not None:
                 await probes.cleanup()
 
-    _run_role(settings, body)
+    run_role(settings, body)
     if supervisor.failed:
         raise SystemExit(1)
 
@@ -266,14 +264,14 @@ def _cmd_reaper(settings: Settings, args: argparse.Namespace) -> None:
             if probes is not None:
                 await probes.cleanup()
 
-    _run_role(settings, body)
+    run_role(settings, body)
 
 
 def _cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
         log_event(logger, "migrated")
 
-    _run_role(settings, body, migrate=True)
+    run_role(settings, body, migrate=True)
 
 
 def _cmd_health(settings: Settings, args: argparse.Namespace) -> None:
@@ -292,17 +290,6 @@ def _cmd_openapi(settings: Settings, args: argparse.Namespace) -> None:
     print(json.dumps(create_app(settings).openapi(), indent=2, sort_keys=True))  # noqa: T201
 
 
-def _cmd_api_key_create(settings: Settings, args: argparse.Namespace) -> None:
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        async with engine.begin() as conn:
-            tenant_id = await tenant_ensure(conn, args.tenant)
-            key = await api_key_create(conn, tenant_id)
-        log_event(logger, "api_key_created", tenant=args.tenant)
-        print(key)  # noqa: T201
-
-    _run_role(settings, body)
-
-
 def _cmd_cron_check(settings: Settings, args: argparse.Namespace) -> None:
     changed = 0
 
@@ -310,12 +297,12 @@ def _cmd_cron_check(settings: Settings, args: argparse.Namespace) -> None:
         nonlocal changed
         changed = await cron_check(engine, args.fires, sys.stdout, as_json=args.json)
 
-    _run_role(settings, body)
+    run_role(settings, body)
     # Like diff: 1 when something is listed.
     raise SystemExit(1 if changed else 0)
 
 
-def _run_role(
+def run_role(
     settings: Settings,
     body: Callable[[AsyncEngine, asyncio.Event], Awaitable[None]],
     migrate: bool | None = None,
@@ -334,4 +321,8 @@ def _run_role(
         finally:
             await runtime.stop()
 
-    uvloop.run(runner())
+    try:
+        uvloop.run(runner())
+    except KeyRingError as exc:
+        print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
+        raise SystemExit(2) from None

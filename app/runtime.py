@@ -1,5 +1,6 @@
 """One process's database runtime: the embedded server (when no URL is set), the engine,
-migrations and the bootstrap API key. Used by every CLI role and by the API's lifespan."""
+migrations, the key ring for secrets at rest and the bootstrap API key. Used by every CLI
+role and by the API's lifespan."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine
 from app.db.errors import is_transient_db_error
 from app.db.migrate import migrate_to_head
+from app.keyring import KeyRingError, install_key_ring
 from app.logs import log_event
 from app.settings import Settings
-from app.store.tenants import api_key_ensure, tenant_ensure
+from app.store.target_secrets import target_secret_key_ids, target_secrets_reseal
+from app.store.tenants import api_key_ensure_bootstrap, tenant_ensure
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +51,44 @@ class Runtime:
             idle_in_transaction_timeout_s=self.settings.db_idle_in_transaction_timeout_s,
         )
         await self._wait_for_database()
-        if self.settings.auto_migrate if migrate is None else migrate:
+        migrating = self.settings.auto_migrate if migrate is None else migrate
+        if migrating:
             await migrate_to_head(self._engine)
+        await self._start_key_ring(seal=migrating)
         if self.settings.bootstrap_api_key is not None:
             async with self._engine.begin() as conn:
                 tenant_id = await tenant_ensure(conn, BOOTSTRAP_TENANT)
-                await api_key_ensure(conn, tenant_id, self.settings.bootstrap_api_key.get_secret_value())
+                retired = await api_key_ensure_bootstrap(
+                    conn, tenant_id, self.settings.bootstrap_api_key.get_secret_value()
+                )
+            if retired:
+                log_event(logger, "bootstrap_key_retired", logging.WARNING, revoked=retired)
         return self._engine
+
+    async def _start_key_ring(self, seal: bool) -> None:
+        """Installs the key ring, refuses to start if it cannot open every stored secret, and
+        (when this process migrates) seals the values stored before encryption at rest."""
+        ring = self.settings.load_key_ring()
+        if self.settings.secret_keys is None and self.settings.database_url is not None:
+            log_event(
+                logger,
+                "secret_key_file_used",
+                logging.WARNING,
+                path=str(self.settings.data_dir / "secret-keys"),
+                detail="set CRONHOOK_SECRET_KEYS to the same key ring on every replica",
+            )
+        install_key_ring(ring)
+        async with self.engine.connect() as conn:
+            in_use = await target_secret_key_ids(conn)
+        missing = sorted(key_id for key_id in in_use - {""} if key_id not in ring.key_ids)
+        if missing:
+            raise KeyRingError(
+                f"stored secrets are sealed with key(s) {', '.join(missing)}, which CRONHOOK_SECRET_KEYS "
+                "(or the data dir's secret-keys file) does not hold"
+            )
+        if seal and "" in in_use:
+            sealed = await target_secrets_reseal(self.engine, ring, everything=False)
+            log_event(logger, "secrets_sealed", targets=sealed, key_id=ring.primary_id)
 
     async def stop(self) -> None:
         # Dispose the engine before detaching, so the server can stop without live sessions.

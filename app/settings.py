@@ -20,9 +20,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.domain.egress import EgressPolicy, parse_egress_allow
 from app.domain.retry import RetryPolicy
+from app.keyring import KeyRing, KeyRingError, load_key_file, parse_key_ring
 
 # The largest per-target HTTP deadline any deployment may configure.
 TARGET_TIMEOUT_CEILING_S = 300.0
+# Bootstrap and admin keys shorter than this are refused at start-up (guessable).
+MIN_CONFIGURED_KEY_LENGTH = 20
 # A partition lease must survive this many renew intervals.
 MIN_RENEWALS_PER_PARTITION_LEASE = 3
 
@@ -76,6 +79,21 @@ class Settings(BaseSettings):
     # Processes: scheduler processes on this machine (`cronhook up|scheduler --processes`),
     # each its own replica sharing the partitions; default one per CPU.
     scheduler_processes: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=64)
+    # Key ring for secrets at rest (`id:base64key,...`, the first seals; app/keyring.py).
+    # Unset: a key generated once into `data_dir`/secret-keys (mode 0600).
+    secret_keys: SecretStr | None = None
+
+    # Per-tenant quotas (defaults; `cronhook tenant limits` overrides them per tenant).
+    # API requests per second, across all API replicas (0 = unlimited); bursts of 2 s worth.
+    tenant_requests_per_s: float = Field(default=1000.0, ge=0)
+    tenant_max_active_jobs: int = Field(default=100_000, ge=1)
+    tenant_max_targets: int = Field(default=1_000, ge=1)
+    # The shortest interval between fire times of a recurring job (cron or every_s).
+    tenant_min_interval_s: int = Field(default=1, ge=1)
+    tenant_min_backoff_base_s: float = Field(default=0.01, ge=0)
+    tenant_max_attempts: int = Field(default=100, ge=1, le=100)
+    # Failed authentications per client address per minute, per API replica.
+    failed_auth_per_min: int = Field(default=60, ge=1)
 
     # Scheduler.
     replica_id: str = Field(default_factory=default_replica_id)
@@ -132,6 +150,32 @@ class Settings(BaseSettings):
     def _egress_allow_parses(cls, value: str) -> str:
         parse_egress_allow(value)
         return value
+
+    @field_validator("bootstrap_api_key", "admin_api_key")
+    @classmethod
+    def _configured_key_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_CONFIGURED_KEY_LENGTH:
+            raise ValueError(
+                f"must be at least {MIN_CONFIGURED_KEY_LENGTH} characters "
+                "(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        return value
+
+    @field_validator("secret_keys")
+    @classmethod
+    def _secret_keys_parse(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            try:
+                parse_key_ring(value.get_secret_value())
+            except KeyRingError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    def load_key_ring(self) -> KeyRing:
+        """CRONHOOK_SECRET_KEYS, or the data dir's key file (generated on first use)."""
+        if self.secret_keys is not None:
+            return parse_key_ring(self.secret_keys.get_secret_value())
+        return load_key_file(self.data_dir)
 
     @cached_property
     def egress_policy(self) -> EgressPolicy:

@@ -43,6 +43,7 @@ import psutil
 from aiohttp import web
 
 # bench/ is on sys.path when this runs as a script: one fresh-database helper for both benches.
+from bench_keys import BENCH_SECRET_KEYS
 from dispatch import BenchDatabase, add_common_args, positive_int
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -154,7 +155,10 @@ class Cluster:
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("CRONHOOK_")}
         self._env.update(ROLE_ENV)
         self._env.update(
-            CRONHOOK_DATABASE_URL=db_url, CRONHOOK_CONCURRENCY=str(concurrency), CRONHOOK_BATCH_SIZE=str(batch_size)
+            CRONHOOK_DATABASE_URL=db_url,
+            CRONHOOK_CONCURRENCY=str(concurrency),
+            CRONHOOK_BATCH_SIZE=str(batch_size),
+            CRONHOOK_SECRET_KEYS=BENCH_SECRET_KEYS,
         )
         self._log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import bench_keys  # noqa: F401  (installs the run's key ring)
 import psutil
 from aiohttp import web
 from sqlalchemy import func, select, text

@@ -35,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 import psutil
+from bench_keys import BENCH_SECRET_KEYS
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -173,6 +174,10 @@ class Service:
             CRONHOOK_DATA_DIR=str(log_path.parent / "cronhook-data"),
             # The benches' receivers listen on 127.0.0.1, which the egress policy refuses by default.
             CRONHOOK_EGRESS_ALLOW="127.0.0.0/8",
+            # Benches measure throughput: no per-tenant request rate or job-count quota.
+            CRONHOOK_TENANT_REQUESTS_PER_S="0",
+            CRONHOOK_SECRET_KEYS=BENCH_SECRET_KEYS,
+            CRONHOOK_TENANT_MAX_ACTIVE_JOBS="100000000",
         )
         self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None

@@ -28,12 +28,19 @@ from app.api.app import create_app
 from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine, normalize_url
 from app.db.migrate import migrate_to_head
+from app.keyring import install_key_ring, parse_key_ring
 from app.settings import Settings
 from app.store.tenants import api_key_create, tenant_ensure
 from tests.receiver import Receiver
 
 # What tests that deliver to their own receivers must allow (CRONHOOK_EGRESS_ALLOW).
 LOOPBACK_ALLOWED = "127.0.0.0/8"
+# Secrets at rest in tests are sealed with this ring (Settings() reads it; processes the
+# e2e tests start get it from tests/e2e/test_processes.py base_env).
+TEST_SECRET_KEYS = "test1:" + "dGVzdC1rZXktZm9yLWNyb25ob29rLXRlc3RzLTMyYiE="
+os.environ.setdefault("CRONHOOK_SECRET_KEYS", TEST_SECRET_KEYS)
+# Tests that build rows through the store without an app (tests/factories.py) seal with it too.
+install_key_ring(parse_key_ring(os.environ["CRONHOOK_SECRET_KEYS"]))
 
 
 def database_url(server_url: str, name: str) -> str:

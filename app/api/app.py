@@ -19,8 +19,22 @@ from app import __version__
 from app.api.contract import contract
 from app.api.errors import CatchAll, install_error_handlers, problem_response
 from app.api.observability import RequestObservability
-from app.api.routes import cluster, dead_letters, health, job_batches, job_control, jobs, metrics, schedules, targets
+from app.api.quotas import Quotas
+from app.api.routes import (
+    admin,
+    audit,
+    cluster,
+    dead_letters,
+    health,
+    job_batches,
+    job_control,
+    jobs,
+    metrics,
+    schedules,
+    targets,
+)
 from app.api.routes.job_batches import BATCH_PATH
+from app.keyring import install_key_ring
 from app.processes import Supervisor
 from app.runtime import Runtime
 from app.services.startup import start_services
@@ -56,6 +70,7 @@ def create_app(
             return
         runtime = Runtime(settings)
         app.state.engine = await runtime.start()
+        app.state.quotas = Quotas(app.state.engine, settings)
         stop = asyncio.Event()
         services = start_services(app.state.engine, settings, stop, scheduler=in_process, reaper=run_services)
         # What start-up made lives as long as the process: out of the collector's way.
@@ -84,9 +99,24 @@ def create_app(
     )
     app.state.settings = settings
     if engine is not None:
+        # The caller owns the database (tests): the process's key ring comes from settings here.
         app.state.engine = engine
+        app.state.quotas = Quotas(engine, settings)
+        install_key_ring(settings.load_key_ring())
     install_error_handlers(app)
-    for module in (targets, jobs, job_batches, job_control, dead_letters, schedules, cluster, health, metrics):
+    for module in (
+        targets,
+        jobs,
+        job_batches,
+        job_control,
+        dead_letters,
+        schedules,
+        audit,
+        admin,
+        cluster,
+        health,
+        metrics,
+    ):
         app.include_router(module.router)
     mount_console(app)
     app.add_middleware(

@@ -62,10 +62,14 @@ ERROR_DESCRIPTIONS = {
 }
 
 # Conflicts only some operations can have: a job's state, a dedup_key, an Idempotency-Key
-# reused with another body, a target that jobs still use.
+# reused with another body, a target that jobs still use, a tenant's quota of unfinished
+# jobs or targets (`quota-exceeded`).
 CONFLICTS = frozenset(
     {
         "createJob",
+        "createJobs",
+        "replayDeadLetter",
+        "replayDeadLetters",
         "createTarget",
         "cancelJob",
         "pauseJob",
@@ -75,7 +79,19 @@ CONFLICTS = frozenset(
         "deleteTarget",
     }
 )
-ADMIN_OPERATIONS = frozenset({"getCluster"})
+# Operations taking CRONHOOK_ADMIN_API_KEY: no tenant, so no tenant request rate (429).
+ADMIN_OPERATIONS = frozenset(
+    {
+        "getCluster",
+        "adminCreateApiKey",
+        "adminListApiKeys",
+        "adminRevokeApiKey",
+        "adminGetTenantLimits",
+        "adminSetTenantLimits",
+    }
+)
+# Operations that answer 404 for an unknown name in their query (`?tenant=`).
+NOT_FOUND_BY_QUERY = frozenset({"adminListApiKeys"})
 # Operations whose 422 can come only from the body or query, never from a path parameter.
 UPDATE_MODELS = ("JobUpdate", "TargetUpdate", "DeadLetterReplay")
 
@@ -89,7 +105,10 @@ def error_statuses(operation: dict[str, Any]) -> list[int]:
         statuses.add(401)
     if op_id in ADMIN_OPERATIONS:
         statuses |= {401, 403}
-    if any(p.get("in") == "path" for p in params):
+    elif operation.get("security"):
+        # A tenant's request rate and failed authentications per address (app/api/deps.py).
+        statuses.add(429)
+    if any(p.get("in") == "path" for p in params) or op_id in NOT_FOUND_BY_QUERY:
         statuses |= {404, 422}
     if params:
         statuses.add(422)

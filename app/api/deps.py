@@ -1,4 +1,6 @@
-"""Request dependencies: settings, a per-request connection, and the authenticated tenant.
+"""Request dependencies: settings, a per-request connection, the authenticated caller (with
+its request rate and failed-auth throttling, app/api/quotas.py) and the audit record of a
+mutation (app/api/audit.py).
 
 All of them are `async def`: a plain `def` dependency would hop through the thread pool on
 every request. The first statement of every authenticated request is the key look-up, a read:
@@ -9,6 +11,7 @@ look-up tried once more, so a database restart costs no request an error.
 from __future__ import annotations
 
 import hmac
+import math
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -20,8 +23,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.api.errors import Problem
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
+from app.api.quotas import Quotas
 from app.settings import Settings
-from app.store.tenants import KeyMatch, api_key_authenticate_at
+from app.store.tenants import Caller as KeyMatch
+from app.store.tenants import api_key_caller, plausible_api_key
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer chk_...`")
 
@@ -66,10 +71,30 @@ CreateConn = Annotated[AsyncConnection, Depends(get_create_conn, scope="function
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
+
+async def get_quotas(request: Request) -> Quotas:
+    quotas: Quotas = request.app.state.quotas
+    return quotas
+
+
+QuotasDep = Annotated[Quotas, Depends(get_quotas)]
+
+
+def _too_many(detail: str, wait_s: float, slug: str) -> Problem:
+    return Problem(429, detail, slug=slug, headers={"Retry-After": str(max(1, math.ceil(wait_s)))})
+
+
 _UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="cronhook"'}
 
 
-async def _authenticate(conn: AsyncConnection, credentials: HTTPAuthorizationCredentials | None) -> KeyMatch:
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+async def admit_request(request: Request, quotas: QuotasDep, credentials: Credentials) -> str:
+    """The API key, once its address and tenant may send another request (else 429).
+
+    Runs before the request's connection is taken (see Quotas.admit)."""
     if credentials is None or not credentials.credentials:
         raise Problem(
             401,
@@ -77,8 +102,23 @@ async def _authenticate(conn: AsyncConnection, credentials: HTTPAuthorizationCre
             slug="unauthorized",
             headers=_UNAUTHORIZED,
         )
+    if (wait_s := quotas.auth_wait(_address(request))) is not None:
+        raise _too_many("too many failed authentications from this address", wait_s, "auth-throttled")
+    key = credentials.credentials
+    if plausible_api_key(key) and (wait_s := await quotas.admit(key)) is not None:
+        raise _too_many("request rate limit exceeded for this tenant", wait_s, "rate-limited")
+    return key
+
+
+AdmittedKey = Annotated[str, Depends(admit_request)]
+
+
+async def _lookup(conn: AsyncConnection, key: str) -> KeyMatch | None:
+    # One indexed lookup by hash on every request, no cache: a revoked key fails at once.
+    if not plausible_api_key(key):
+        return None
     try:
-        match = await api_key_authenticate_at(conn, credentials.credentials)
+        return await api_key_caller(conn, key)
     except DBAPIError as exc:
         if not exc.connection_invalidated:
             raise
@@ -90,24 +130,30 @@ async def _authenticate(conn: AsyncConnection, credentials: HTTPAuthorizationCre
         await conn.rollback()
         if level is not None:
             await conn.execution_options(isolation_level=level)
-        match = await api_key_authenticate_at(conn, credentials.credentials)
-    if match is None:
+        return await api_key_caller(conn, key)
+
+
+async def _authenticate(request: Request, conn: AsyncConnection, key: str, quotas: Quotas) -> KeyMatch:
+    caller = await _lookup(conn, key)
+    if caller is None:
+        quotas.auth_failed(_address(request))
         raise Problem(401, "invalid API key", slug="unauthorized", headers=_UNAUTHORIZED)
-    return match
+    request.state.caller = caller
+    return caller
 
 
-async def require_tenant(conn: Conn, credentials: Credentials) -> uuid.UUID:
-    return (await _authenticate(conn, credentials)).tenant_id
+async def require_caller(request: Request, key: AdmittedKey, conn: Conn, quotas: QuotasDep) -> KeyMatch:
+    """The tenant and key, with the database's now() (the transaction's) to plan jobs against."""
+    return await _authenticate(request, conn, key, quotas)
 
 
-async def require_caller(conn: Conn, credentials: Credentials) -> KeyMatch:
-    """The tenant, with the database's now() (the transaction's) to plan jobs against."""
-    return await _authenticate(conn, credentials)
+async def require_creator(request: Request, key: AdmittedKey, conn: CreateConn, quotas: QuotasDep) -> KeyMatch:
+    """The caller of a create request, with the database's now() to plan the job against."""
+    return await _authenticate(request, conn, key, quotas)
 
 
-async def require_creator(conn: CreateConn, credentials: Credentials) -> KeyMatch:
-    """The tenant of a create request, with the database's now() to plan the job against."""
-    return await _authenticate(conn, credentials)
+async def require_tenant(caller: Annotated[KeyMatch, Depends(require_caller)]) -> uuid.UUID:
+    return caller.tenant_id
 
 
 TenantId = Annotated[uuid.UUID, Depends(require_tenant)]

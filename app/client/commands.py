@@ -1,7 +1,7 @@
 """Client verbs of `cronhook`: jobs, targets, dead-letters, schedules.
 
 Each verb is one API call (or a paged list); `--json` prints the API's own JSON. Key
-management (`api-key list|revoke`) lives with the keys themselves (app/cli.py `api-key`),
+management (`cronhook api-key create|list|revoke`, app/cli_security.py) lives with the keys,
 which act on the database, not through the API.
 """
 

@@ -82,6 +82,8 @@ class ClaimedJob:
     # Recurring jobs: bounds and policies (None for one-offs), and occurrences delivered so far.
     recurrence: Recurrence | None = None
     occurrences_run: int = 0
+    # The secret a rotation replaced, still signing during its grace period.
+    previous_signing_secret: str | None = None
 
     def attempt_context(self) -> AttemptContext:
         return AttemptContext(

@@ -47,7 +47,13 @@ def build_request(job: ClaimedJob, attempt_time: dt.datetime) -> tuple[bytes, di
             "user-agent": USER_AGENT,
             "webhook-id": msg_id,
             "webhook-timestamp": str(timestamp),
-            "webhook-signature": sign(job.signing_secret, msg_id, timestamp, body),
+            # Space-separated signatures (Standard Webhooks): the previous secret's too while
+            # a rotation's grace period lasts, so receivers switch without dropping deliveries.
+            "webhook-signature": " ".join(
+                sign(secret, msg_id, timestamp, body)
+                for secret in (job.signing_secret, job.previous_signing_secret)
+                if secret is not None
+            ),
             "cronhook-job-id": str(job.id),
             "cronhook-attempt": str(job.attempt),
             "cronhook-scheduled-for": job.scheduled_for.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),

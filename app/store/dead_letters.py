@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, column, delete, func, or_, select, update, values
+from sqlalchemy import Select, Text, and_, cast, column, delete, func, or_, select, update, values
 from sqlalchemy.dialects.postgresql import UUID, insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -38,8 +38,14 @@ async def dead_letter_list(
     limit: int,
     after: tuple[dt.datetime, uuid.UUID] | None,
     where: DeadLetterFilter = DeadLetterFilter(),
+    with_payload: bool = True,
+    with_payload_bytes: bool = False,
 ) -> list[RowMapping]:
-    stmt = _filtered(select(dead_letters), tenant_id, where or DeadLetterFilter())
+    """Newest first; optionally without payloads, and with each payload's JSON text size."""
+    columns: list[Any] = [*(column for column in dead_letters.c if with_payload or column.name != "payload")]
+    if with_payload_bytes:
+        columns.append(func.octet_length(cast(dead_letters.c.payload, Text)).label("payload_bytes"))
+    stmt = _filtered(select(*columns), tenant_id, where or DeadLetterFilter())
     if after is not None:
         created, ident = after
         stmt = stmt.where(
@@ -50,6 +56,15 @@ async def dead_letter_list(
         )
     stmt = stmt.order_by(dead_letters.c.created_at.desc(), dead_letters.c.id.desc()).limit(limit)
     return list((await conn.execute(stmt)).mappings().all())
+
+
+async def dead_letter_payloads(
+    conn: AsyncConnection, tenant_id: uuid.UUID, dead_letter_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, Any]:
+    stmt = select(dead_letters.c.id, dead_letters.c.payload).where(
+        dead_letters.c.tenant_id == tenant_id, dead_letters.c.id.in_(dead_letter_ids)
+    )
+    return {row.id: row.payload for row in await conn.execute(stmt)}
 
 
 def _filtered(stmt: Select[Any], tenant_id: uuid.UUID, where: DeadLetterFilter) -> Select[Any]:

@@ -7,7 +7,8 @@ share-locked the targets). `job_create_checked` (one job) and `job_create_many_c
 batch) are the API's creates: the target's share lock (a live target of the tenant) and the
 tenant's `dedup_key` rule (ON CONFLICT DO NOTHING against the partial unique index) are
 folded into the INSERT, so a create is one statement; a row that did not go in is explained
-afterwards (no target, or the job holding its key).
+afterwards (no target, or the job holding its key). The single create also writes the
+create's audit row in the same statement (a data-modifying CTE).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from app.domain.occurrences import Recurrence
 from app.domain.partition import partition_for
 from app.domain.states import TERMINAL_STATES, JobState
 from app.store.job_rows import policy_columns, recurrence_columns, schedule_columns
-from app.store.tables import DEDUP_KEY_LIVE, job_state, jobs, targets
+from app.store.tables import DEDUP_KEY_LIVE, audit_log, job_state, jobs, targets
 
 _UUID = UUID(as_uuid=True)
 _TS = jobs.c.scheduled_for.type
@@ -161,12 +162,29 @@ def _build_create_one() -> Any:
     )
     # One row when the target is live (and then share-locked), none otherwise.
     selected = select(*(value.label(name) for name, value in values.items())).select_from(live)
-    return (
+    created = (
         insert(jobs)
         .from_select(list(selected.selected_columns.keys()), selected)
         .on_conflict_do_nothing(index_elements=[jobs.c.tenant_id, jobs.c.dedup_key], index_where=text(DEDUP_KEY_LIVE))
         .returning(*jobs.c)
+        .cte("created")
     )
+    # The audit row of the create, written by the same statement for the row that went in
+    # (none when it did not): no round trip of its own, and it commits with the job.
+    audit_row = select(
+        created.c.tenant_id,
+        bindparam("audit_api_key_id", type_=_UUID),
+        literal("api_key"),
+        bindparam("audit_action", type_=Text()),
+        cast(created.c.id, Text()),
+        bindparam("audit_request_id", type_=Text()),
+    ).select_from(created)
+    audited = (
+        insert(audit_log)
+        .from_select(["tenant_id", "api_key_id", "actor", "action", "object_id", "request_id"], audit_row)
+        .cte("audited")
+    )
+    return select(*created.c).add_cte(audited)
 
 
 # Built once: every create hits SQLAlchemy's compiled cache and asyncpg's prepared statements.
@@ -272,10 +290,29 @@ class NotCreated:
 _CREATE_TRIES = 3
 
 
-async def job_create_checked(conn: AsyncConnection, tenant_id: uuid.UUID, job: PreparedJob) -> RowMapping | NotCreated:
-    """Creates one job of the tenant in one statement, or says why not (nothing written)."""
+@dataclass(frozen=True)
+class JobAudit:
+    """The audit row written with an API create (app/api/audit.py)."""
+
+    api_key_id: uuid.UUID
+    request_id: str | None
+    action: str
+
+
+async def job_create_checked(
+    conn: AsyncConnection, tenant_id: uuid.UUID, job: PreparedJob, audit: JobAudit
+) -> RowMapping | NotCreated:
+    """Creates one job of the tenant and its audit row in one statement, or says why not
+    (nothing written)."""
+    parameters = {
+        "tenant_id": tenant_id,
+        **_row(job),
+        "audit_api_key_id": audit.api_key_id,
+        "audit_action": audit.action,
+        "audit_request_id": audit.request_id,
+    }
     for _ in range(_CREATE_TRIES):
-        row = (await conn.execute(_CREATE_ONE, {"tenant_id": tenant_id, **_row(job)})).mappings().one_or_none()
+        row = (await conn.execute(_CREATE_ONE, parameters)).mappings().one_or_none()
         if row is not None:
             return row
         reasons = await _why_not_created(conn, tenant_id, [job])

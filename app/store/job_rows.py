@@ -7,7 +7,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import case, func
 from sqlalchemy.engine import RowMapping
 
 from app.domain.job import ClaimedJob
@@ -15,6 +15,7 @@ from app.domain.job_plan import JobChanges
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule
+from app.keyring import SIGNING_SECRET, open_headers, open_sealed
 from app.store.tables import jobs, targets
 
 # What a claimed job is read with (claim and reaper alike): the job, its target's delivery
@@ -25,6 +26,11 @@ CLAIMED_JOB_COLUMNS = (
     targets.c.headers,
     targets.c.timeout_s,
     targets.c.signing_secret,
+    # A rotated-out secret signs alongside the new one until its grace period ends.
+    case(
+        (targets.c.previous_secret_expires_at > func.now(), targets.c.previous_signing_secret),
+        else_=None,
+    ).label("previous_signing_secret"),
     targets.c.retry_on_status,
     func.now().label("claimed_at"),
 )
@@ -126,9 +132,15 @@ def claimed_from_row(row: RowMapping) -> ClaimedJob:
         claimed_at=row["claimed_at"],
         occurrence_claimed_at=row["occurrence_claimed_at"],
         url=row["url"],
-        headers=dict(row["headers"] or {}),
+        # Sealed at rest (app/keyring.py); opening is cached, so this costs a dict lookup.
+        headers=open_headers(row["headers"] or {}),
         timeout_s=row["timeout_s"],
-        signing_secret=row["signing_secret"],
+        signing_secret=open_sealed(row["signing_secret"], SIGNING_SECRET),
+        previous_signing_secret=(
+            None
+            if row["previous_signing_secret"] is None
+            else open_sealed(row["previous_signing_secret"], SIGNING_SECRET)
+        ),
         retry_on_status=None if row["retry_on_status"] is None else frozenset(row["retry_on_status"]),
         recurrence=recurrence_from_row(row),
         occurrences_run=row["occurrences_run"],

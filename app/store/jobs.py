@@ -11,7 +11,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from sqlalchemy import and_, case, cast, func, literal, or_, select, update
+from sqlalchemy import Text, and_, case, cast, func, literal, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -53,8 +53,15 @@ async def job_list(
     state: JobState | None = None,
     target_id: uuid.UUID | None = None,
     parent_job_id: uuid.UUID | None = None,
+    with_payload: bool = True,
+    with_payload_bytes: bool = False,
 ) -> list[RowMapping]:
-    stmt = select(jobs).where(jobs.c.tenant_id == tenant_id)
+    """Newest first. Without `with_payload`, a page's memory does not grow with payload
+    sizes; `with_payload_bytes` adds each payload's JSON text size (`payload_bytes`)."""
+    columns: list[Any] = [*jobs.c] if with_payload else [*LIST_COLUMNS]
+    if with_payload_bytes:
+        columns.append(func.octet_length(cast(jobs.c.payload, Text)).label("payload_bytes"))
+    stmt = select(*columns).where(jobs.c.tenant_id == tenant_id)
     if state is not None:
         stmt = stmt.where(jobs.c.state == state)
     if target_id is not None:
@@ -66,6 +73,15 @@ async def job_list(
         stmt = stmt.where(or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < ident)))
     stmt = stmt.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit)
     return list((await conn.execute(stmt)).mappings().all())
+
+
+# Every column but the payload.
+LIST_COLUMNS = tuple(column for column in jobs.c if column.name != "payload")
+
+
+async def job_payloads(conn: AsyncConnection, tenant_id: uuid.UUID, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, Any]:
+    stmt = select(jobs.c.id, jobs.c.payload).where(jobs.c.tenant_id == tenant_id, jobs.c.id.in_(job_ids))
+    return {row.id: row.payload for row in await conn.execute(stmt)}
 
 
 async def _job_transition(

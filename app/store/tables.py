@@ -76,10 +76,56 @@ api_keys = Table(
     Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
     # SHA-256 of the key; the key itself is never stored.
     Column("key_hash", Text, nullable=False, unique=True),
-    # The first characters, so an operator can tell keys apart without the secret.
+    # The visible part (`chk_live_<id>`), so an operator can tell keys apart without the secret.
     Column("key_prefix", Text, nullable=False),
+    Column("name", Text),
+    # `bootstrap`: CRONHOOK_BOOTSTRAP_API_KEY, retired when start-up sees another one.
+    Column("kind", Text, nullable=False, server_default=text("'tenant'")),
     _ts("created_at", nullable=False, default_now=True),
     _ts("revoked_at"),
+    CheckConstraint("kind IN ('tenant', 'bootstrap')", name="kind_valid"),
+)
+
+# Per-tenant quota overrides; NULL = the setting's default (CRONHOOK_TENANT_*).
+tenant_limits = Table(
+    "tenant_limits",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True),
+    Column("requests_per_s", Double),
+    Column("max_active_jobs", Integer),
+    Column("max_targets", Integer),
+    Column("min_interval_s", Integer),
+    Column("min_backoff_base_s", Double),
+    Column("max_attempts", Integer),
+    _ts("updated_at", nullable=False, default_now=True),
+)
+
+# The API's request rate per tenant across replicas: a token bucket each replica draws from
+# in small chunks (app/api/rate_limit.py).
+api_rate_buckets = Table(
+    "api_rate_buckets",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True),
+    Column("tokens", Double, nullable=False),
+    Column("granted", Double, nullable=False),
+    _ts("updated_at", nullable=False, default_now=True),
+)
+
+# Every mutation, append-only (a trigger refuses UPDATE and DELETE): who, what, when. Never
+# secrets or payloads: only ids.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    # The API key used; NULL for the admin key and the CLI (`actor` says which).
+    Column("api_key_id", UUID(as_uuid=True)),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("object_id", Text),
+    Column("request_id", Text),
+    _ts("created_at", nullable=False, default_now=True),
+    Index("ix_audit_log_tenant_id", "tenant_id", "id"),
 )
 
 targets = Table(
@@ -93,8 +139,11 @@ targets = Table(
     Column("timeout_s", Double, nullable=False),
     # Statuses to retry instead of the default set (5xx, 408, 425, 429, 3xx); NULL = default.
     Column("retry_on_status", ARRAY(SmallInteger)),
-    # Needed in the clear to compute HMACs; only ever returned on create and rotate.
+    # Sealed (app/keyring.py; header values too): opened only to sign, and returned only on
+    # create and rotate. After a rotation the previous secret also signs until its expiry.
     Column("signing_secret", Text, nullable=False),
+    Column("previous_signing_secret", Text),
+    _ts("previous_secret_expires_at"),
     # Delivery limits across all replicas (NULL = unlimited): deliveries in flight at once,
     # and a token bucket of `rate_per_s` refilled continuously, holding at most one second's
     # worth (`rate_tokens` as of `rate_updated_at`).
@@ -214,6 +263,12 @@ jobs = Table(
     # The reaper: running jobs by lease expiry.
     Index("ix_jobs_lease_expires", "lease_expires_at", postgresql_where=text("state = 'running'")),
     Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+    # A tenant's unfinished jobs, counted against its quota (app/api/quotas.py).
+    Index(
+        "ix_jobs_tenant_active",
+        "tenant_id",
+        postgresql_where=text("state NOT IN ('succeeded', 'dead', 'cancelled')"),
+    ),
     Index("ix_jobs_target", "target_id"),
     Index("ix_jobs_parent", "parent_job_id", postgresql_where=text("parent_job_id IS NOT NULL")),
     # Deliveries in flight per target (max_in_flight).

@@ -1,4 +1,8 @@
-"""Webhook targets: where a tenant's jobs are delivered, and the secret they are signed with."""
+"""Webhook targets: where a tenant's jobs are delivered, and the secret they are signed with.
+
+Signing secrets and header values are written sealed (app/keyring.py): a backup or a SELECT
+shows neither.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.signing import new_signing_secret
 from app.domain.states import TERMINAL_STATES
+from app.keyring import SIGNING_SECRET, open_sealed, seal, seal_headers
 from app.store.tables import jobs, targets
 
 # Everything but the secret: reads never return it.
@@ -55,12 +60,12 @@ async def target_create(
             tenant_id=tenant_id,
             name=name,
             url=url,
-            headers=headers,
+            headers=seal_headers(headers),
             timeout_s=timeout_s,
             retry_on_status=retry_on_status,
             max_in_flight=max_in_flight,
             rate_per_s=rate_per_s,
-            signing_secret=secret,
+            signing_secret=seal(secret, SIGNING_SECRET),
         )
         .returning(*PUBLIC_COLUMNS)
     )
@@ -92,6 +97,8 @@ async def target_update(
     if "rate_per_s" in changes:
         # A new rate starts with a full bucket.
         changes = {**changes, "rate_tokens": None, "rate_updated_at": None}
+    if changes.get("headers"):
+        changes = {**changes, "headers": seal_headers(changes["headers"])}
     stmt = (
         update(targets)
         .where(_live(tenant_id, target_id))
@@ -107,16 +114,25 @@ async def target_get_signing_secret(conn: AsyncConnection, tenant_id: uuid.UUID,
     Soft-deleted targets included, so a replay answers what the create answered.
     """
     stmt = select(targets.c.signing_secret).where(targets.c.id == target_id, targets.c.tenant_id == tenant_id)
-    secret: str = (await conn.execute(stmt)).scalar_one()
-    return secret
+    sealed: str = (await conn.execute(stmt)).scalar_one()
+    return open_sealed(sealed, SIGNING_SECRET)
 
 
-async def target_rotate_secret(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> str | None:
+async def target_rotate_secret(
+    conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID, grace_s: float
+) -> str | None:
+    """A new secret; the current one keeps signing alongside it for `grace_s` seconds."""
     secret = new_signing_secret()
+    keep_previous = grace_s > 0
     stmt = (
         update(targets)
         .where(_live(tenant_id, target_id))
-        .values(signing_secret=secret, updated_at=func.now())
+        .values(
+            signing_secret=seal(secret, SIGNING_SECRET),
+            previous_signing_secret=targets.c.signing_secret if keep_previous else None,
+            previous_secret_expires_at=func.now() + dt.timedelta(seconds=grace_s) if keep_previous else None,
+            updated_at=func.now(),
+        )
         .returning(targets.c.id)
     )
     if (await conn.execute(stmt)).first() is None:

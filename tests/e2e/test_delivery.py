@@ -116,7 +116,7 @@ async def test_always_failing_ends_dead_with_one_dead_letter(
         await scheduler.run_once()
     assert len(receiver.requests) == 3
     assert [r["attempt"] for r in await get_runs(client, auth, job["id"])] == [1, 2, 3]
-    letters = (await client.get("/v1/dead-letters", headers=auth)).json()["items"]
+    letters = (await client.get("/v1/dead-letters", params={"include": "payload"}, headers=auth)).json()["items"]
     assert len(letters) == 1
     letter = letters[0]
     assert letter["job_id"] == job["id"] and letter["attempts"] == 3

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.tables import jobs
-from tests.conftest import LOOPBACK_ALLOWED, make_job, make_target
+from tests.conftest import LOOPBACK_ALLOWED, TEST_SECRET_KEYS, make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
 
 CRONHOOK = str(Path(sys.executable).parent / "cronhook")
@@ -29,6 +29,7 @@ def base_env(**overrides: str) -> dict[str, str]:
     # One process per command: tests name replicas and signal them one by one
     # (tests/e2e/test_children.py runs several).
     env["CRONHOOK_SCHEDULER_PROCESSES"] = "1"
+    env["CRONHOOK_SECRET_KEYS"] = TEST_SECRET_KEYS
     env.update(overrides)
     return env
 

@@ -40,7 +40,7 @@ async def test_a_batch_creates_every_job_in_order(
         "jobs": [
             item(target, run_at=run_at.isoformat(), delay_s=None, name="once"),
             item(target, cron="0 9 * * *", timezone="Europe/Paris", delay_s=None, misfire_policy="skip"),
-            item(target, every_s=30, delay_s=None, payload=[1, "two", None]),
+            item(target, every_s=30, delay_s=None, payload={"items": [1, "two", None]}),
         ]
     }
     response = await client.post(BATCH, json=body, headers=auth)
@@ -55,7 +55,8 @@ async def test_a_batch_creates_every_job_in_order(
     assert first["name"] == "once" and first["schedule_kind"] == "once"
     assert second["cron"] == "0 9 * * *" and second["timezone"] == "Europe/Paris"
     assert second["misfire_policy"] == "skip" and second["next_run_at"] == result["items"][1]["next_run_at"]
-    assert third["every_s"] == 30 and third["payload"] == [1, "two", None] and third["interval_mode"] == "fixed_rate"
+    assert third["every_s"] == 30 and third["payload"] == {"items": [1, "two", None]}
+    assert third["interval_mode"] == "fixed_rate"
     assert await job_count(engine) == 3
 
 

@@ -10,9 +10,11 @@ from fastapi import APIRouter, Body, Query, Response
 from pydantic import AwareDatetime
 from sqlalchemy.engine import RowMapping
 
+from app.api.audit import Audited
 from app.api.checks import ensure_payload_fits
-from app.api.deps import Conn, SettingsDep, TenantId
+from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
+from app.api.quota_checks import ensure_room_for_jobs
 from app.api.schemas.dead_letters import (
     BulkReplayResult,
     DeadLetterBulkReplay,
@@ -22,7 +24,7 @@ from app.api.schemas.dead_letters import (
     ReplayedJob,
 )
 from app.api.schemas.jobs import JobPublic, RunPublic, job_public
-from app.api.schemas.pages import Page, page_of
+from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
 from app.domain.job import NewJob
 from app.domain.job_plan import plan_one_off
 from app.store import dead_letters as store
@@ -31,7 +33,7 @@ from app.store.jobs import db_now, job_create, job_create_many
 from app.store.pagination import decode_time_id_cursor
 from app.store.targets import target_lock_live, target_lock_live_many
 
-router = APIRouter(prefix="/v1/dead-letters", tags=["dead-letters"])
+router = APIRouter(prefix="/v1/dead-letters", tags=["dead-letters"], dependencies=[Audited])
 
 NOT_FOUND = "dead letter not found"
 
@@ -47,7 +49,9 @@ async def list_dead_letters(
     status_code: Annotated[int | None, Query(ge=100, le=599, description="last HTTP status")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
+    include: IncludePayload = None,
 ) -> Page[DeadLetterPublic]:
+    """Newest first; payloads (null by default) with `include=payload`, as for jobs."""
     after = decode_time_id_cursor(cursor) if cursor else None
     where = store.DeadLetterFilter(
         job_id=job_id,
@@ -56,8 +60,16 @@ async def list_dead_letters(
         until=_utc(until, "until"),
         last_status_code=status_code,
     )
-    rows = await store.dead_letter_list(conn, tenant_id, limit + 1, after, where)
-    return page_of(rows, limit, lambda row: DeadLetterPublic.model_validate(dict(row)))
+    rows = await store.dead_letter_list(
+        conn, tenant_id, limit + 1, after, where, with_payload=False, with_payload_bytes=include is not None
+    )
+    payloads: dict[uuid.UUID, Any] = {}
+    if include is not None:
+        rows, limit = rows_within_budget(rows, limit)
+        payloads = await store.dead_letter_payloads(conn, tenant_id, [row["id"] for row in rows[:limit]])
+    return page_of(
+        rows, limit, lambda row: DeadLetterPublic.model_validate({**row, "payload": payloads.get(row["id"])})
+    )
 
 
 @router.get("/{dead_letter_id}", operation_id="getDeadLetter")
@@ -70,7 +82,9 @@ async def get_dead_letter(dead_letter_id: uuid.UUID, tenant_id: TenantId, conn: 
 
 
 @router.post("/replay", operation_id="replayDeadLetters")
-async def replay_dead_letters(body: DeadLetterBulkReplay, tenant_id: TenantId, conn: Conn) -> BulkReplayResult:
+async def replay_dead_letters(
+    body: DeadLetterBulkReplay, tenant_id: TenantId, conn: Conn, quotas: QuotasDep
+) -> BulkReplayResult:
     """Replays matching dead letters as fresh jobs, oldest first, due `rate_per_s` per second."""
     where = store.DeadLetterFilter(
         job_id=body.job_id,
@@ -83,6 +97,7 @@ async def replay_dead_letters(body: DeadLetterBulkReplay, tenant_id: TenantId, c
     matched = await store.dead_letter_lock_for_replay(conn, tenant_id, where, body.limit)
     live = await target_lock_live_many(conn, tenant_id, {row["target_id"] for row in matched})
     rows = [row for row in matched if row["target_id"] in live]
+    await ensure_room_for_jobs(conn, quotas, tenant_id, len(rows))
     now = await db_now(conn)
     # Staggered due times cap the rate across every scheduler replica, with no extra state.
     due = [now + dt.timedelta(seconds=i / body.rate_per_s) for i in range(len(rows))]
@@ -106,6 +121,7 @@ async def replay_dead_letter(
     tenant_id: TenantId,
     conn: Conn,
     settings: SettingsDep,
+    quotas: QuotasDep,
     body: Annotated[DeadLetterReplay | None, Body()] = None,
 ) -> JobPublic:
     """A fresh one-off job, due now, with fresh attempts and the original job's retry policy."""
@@ -116,6 +132,7 @@ async def replay_dead_letter(
     payload = overrides.get("payload", row["payload"])
     target_id = overrides.get("target_id") or row["target_id"]
     ensure_payload_fits(payload, settings)
+    await ensure_room_for_jobs(conn, quotas, tenant_id, 1)
     if not await target_lock_live(conn, tenant_id, target_id):
         detail = "no such target" if "target_id" in overrides else "the target was deleted; pass another target_id"
         raise Problem(422, detail, slug="validation", field="target_id")

@@ -15,10 +15,12 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from app.api.audit import Audited
 from app.api.checks import ensure_payload_fits
-from app.api.deps import Caller, Conn, SettingsDep
+from app.api.deps import Caller, Conn, QuotasDep, SettingsDep
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
+from app.api.quota_checks import ensure_job_within_quotas, ensure_room_for_jobs
 from app.api.schemas.job_batches import JobBatchCreate, JobBatchResult
 from app.domain.job_plan import PlanError, plan_create
 from app.domain.schedule import ScheduleError
@@ -40,12 +42,15 @@ _MULTI_STATUS_DOC: dict[int | str, dict[str, Any]] = {
     operation_id="createJobs",
     response_model=JobBatchResult,
     responses={**REPLAYED_RESPONSE_DOC, **_MULTI_STATUS_DOC},
+    # One audit row per batch, in the batch's transaction.
+    dependencies=[Audited],
 )
 async def create_jobs(
     body: JobBatchCreate,
     caller: Caller,
     conn: Conn,
     settings: SettingsDep,
+    quotas: QuotasDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Any:
     tenant_id = caller.tenant_id
@@ -58,11 +63,20 @@ async def create_jobs(
         prefix = f"jobs[{index}]."
         try:
             payload = ensure_payload_fits(item.payload, settings, field=f"{prefix}payload")
-            batch.append(PreparedJob.of(plan_create(item, tenant_id, defaults, caller.now), payload, job_id))
+            new = plan_create(item, tenant_id, defaults, caller.now)
         except ScheduleError as exc:
             raise ScheduleError(prefix + exc.field, exc.message) from None
         except PlanError as exc:
             raise PlanError(prefix + exc.field, exc.message) from None
+        try:
+            # Each job against the tenant's floors (schedule, retry policy); the count below.
+            await ensure_job_within_quotas(conn, quotas, tenant_id, new.schedule, new.policy, caller.now, new_jobs=0)
+        except Problem as refused:
+            if refused.field is not None:
+                refused.field = prefix + refused.field
+            raise
+        batch.append(PreparedJob.of(new, payload, job_id))
+    await ensure_room_for_jobs(conn, quotas, tenant_id, new_jobs=len(batch))
     live = await target_lock_live_many(conn, tenant_id, {job.new.target_id for job in batch})
     for index, job in enumerate(batch):
         if job.new.target_id not in live:

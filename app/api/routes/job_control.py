@@ -8,9 +8,11 @@ from typing import Any
 from fastapi import APIRouter
 from sqlalchemy.engine import RowMapping
 
+from app.api.audit import Audited
 from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job, require_live_target
-from app.api.deps import Conn, SettingsDep, TenantId
+from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
+from app.api.quota_checks import ensure_job_within_quotas, ensure_room_for_jobs
 from app.api.schemas.jobs import JobPublic, JobUpdate, job_public
 from app.domain.job_plan import plan_one_off, plan_update
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
@@ -18,7 +20,7 @@ from app.store import jobs as store
 from app.store.job_rows import job_change_columns, policy_from_row, recurrence_from_row, schedule_from_row
 from app.store.targets import target_lock_live
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Audited])
 
 
 def _conflict(row: RowMapping, action: str) -> Problem:
@@ -56,7 +58,7 @@ async def resume_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobP
 
 
 @router.post("/{job_id}/trigger", status_code=201, operation_id="triggerJob")
-async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPublic:
+async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn, quotas: QuotasDep) -> JobPublic:
     """One extra occurrence now, without shifting the job's own schedule.
 
     Returns the one-off job that carries it: same target, payload, priority and retry policy.
@@ -66,6 +68,7 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> Job
         raise _conflict(row, "trigger")
     if not await target_lock_live(conn, tenant_id, row["target_id"]):
         raise Problem(409, "the job's target was deleted", slug="target-deleted")
+    await ensure_room_for_jobs(conn, quotas, tenant_id, 1)
     new = plan_one_off(
         tenant_id=tenant_id,
         target_id=row["target_id"],
@@ -81,7 +84,7 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> Job
 
 @router.patch("/{job_id}", operation_id="updateJob")
 async def update_job(
-    job_id: uuid.UUID, body: JobUpdate, tenant_id: TenantId, conn: Conn, settings: SettingsDep
+    job_id: uuid.UUID, body: JobUpdate, tenant_id: TenantId, conn: Conn, settings: SettingsDep, quotas: QuotasDep
 ) -> JobPublic:
     """Changes a job that is waiting (scheduled, retrying or paused); 409 while running or finished."""
     row = await store.job_lock(conn, tenant_id, job_id)
@@ -106,6 +109,7 @@ async def update_job(
             raise Problem(422, "a job needs a target", slug="validation", field="target_id")
         await require_live_target(conn, tenant_id, body.target_id)
         changes["target_id"] = body.target_id
+    now = await store.db_now(conn)
     planned = plan_update(
         body,
         state=state,
@@ -113,8 +117,12 @@ async def update_job(
         policy=policy_from_row(row),
         schedule=schedule_from_row(row),
         recurrence=lambda: recurrence_from_row(row),
-        now=await store.db_now(conn),
+        now=now,
     )
+    if planned.policy is not None or planned.rescheduled is not None:
+        schedule = planned.rescheduled.schedule if planned.rescheduled is not None else schedule_from_row(row)
+        policy = planned.policy or policy_from_row(row)
+        await ensure_job_within_quotas(conn, quotas, tenant_id, schedule, policy, now, new_jobs=0)
     changes.update(job_change_columns(planned))
     if not changes:
         return job_public(row)

@@ -5,41 +5,65 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from app.api.audit import Audited, request_id_of
 from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job
-from app.api.deps import Conn, CreateConn, Creator, SettingsDep, TenantId
+from app.api.deps import Conn, CreateConn, Creator, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
+from app.api.quota_checks import ensure_job_within_quotas
 from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public
-from app.api.schemas.pages import Page, page_of
+from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
 from app.domain.job_plan import plan_create
 from app.domain.states import JobState
 from app.store import jobs as store
-from app.store.job_inserts import NotCreated, PreparedJob, job_create_checked
+from app.store.audit import audit_append
+from app.store.job_inserts import JobAudit, NotCreated, PreparedJob, job_create_checked
 from app.store.pagination import decode_int_cursor, decode_time_id_cursor, encode_cursor
 from app.store.runs import run_list_for_job
 
+# The create writes its own audit row (with the job, see below); the other mutations carry
+# the `Audited` dependency, which would take a second connection here.
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+CREATE_JOB = "createJob"
 
 
-@router.post("", status_code=201, operation_id="createJob", response_model=JobPublic, responses=REPLAYED_RESPONSE_DOC)
+@router.post("", status_code=201, operation_id=CREATE_JOB, response_model=JobPublic, responses=REPLAYED_RESPONSE_DOC)
 async def create_job(
     body: JobCreate,
     creator: Creator,
     conn: CreateConn,
     settings: SettingsDep,
+    quotas: QuotasDep,
+    request: Request,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     # Round trips without a key: the key look-up (with the clock), then one INSERT that
     # share-locks the target and honours dedup_key, both in autocommit.
     idempotent = IdempotentRequest(conn, creator.tenant_id, "POST /v1/jobs", idempotency_key, body)
     if (replay := await idempotent.begin()) is not None:
+        # The replay is audited too (with no object), in the key's transaction.
+        await audit_append(
+            conn,
+            tenant_id=creator.tenant_id,
+            api_key_id=creator.api_key_id,
+            actor="api_key",
+            action=CREATE_JOB,
+            object_id=None,
+            request_id=request_id_of(request),
+        )
         return JSONResponse(replay.body, status_code=replay.status_code, headers={REPLAYED_HEADER: "true"})
     payload = ensure_payload_fits(body.payload, settings)
     new = plan_create(body, creator.tenant_id, settings.default_retry_policy, creator.now)
-    created = await job_create_checked(conn, creator.tenant_id, PreparedJob.of(new, payload))
+    # Quotas: the tenant's limits and unfinished-job count are cached (app/api/quotas.py), so
+    # this costs a round trip only when the cache lapses.
+    await ensure_job_within_quotas(conn, quotas, creator.tenant_id, new.schedule, new.policy, creator.now)
+    # The audit row is written by the same INSERT statement as the job (a data-modifying CTE):
+    # still one round trip, and in autocommit the job and its audit row commit together.
+    audit = JobAudit(api_key_id=creator.api_key_id, request_id=request_id_of(request), action=CREATE_JOB)
+    created = await job_create_checked(conn, creator.tenant_id, PreparedJob.of(new, payload), audit)
     if isinstance(created, NotCreated):
         raise not_created_problem(created)
     job = job_public(created)
@@ -70,12 +94,27 @@ async def list_jobs(
     parent_job_id: uuid.UUID | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
+    include: IncludePayload = None,
 ) -> Page[JobPublic]:
+    """Newest first. Payloads (null here by default) come with `include=payload`; a page then
+    ends early, with a `next_cursor`, once its payloads reach PAGE_PAYLOAD_BUDGET bytes."""
     after = decode_time_id_cursor(cursor) if cursor else None
     rows = await store.job_list(
-        conn, tenant_id, limit + 1, after, state=state, target_id=target_id, parent_job_id=parent_job_id
+        conn,
+        tenant_id,
+        limit + 1,
+        after,
+        state=state,
+        target_id=target_id,
+        parent_job_id=parent_job_id,
+        with_payload=False,
+        with_payload_bytes=include is not None,
     )
-    return page_of(rows, limit, job_public)
+    if include is None:
+        return page_of(rows, limit, job_public)
+    rows, limit = rows_within_budget(rows, limit)
+    payloads = await store.job_payloads(conn, tenant_id, [row["id"] for row in rows[:limit]])
+    return page_of(rows, limit, lambda row: job_public(row, payloads.get(row["id"])))
 
 
 @router.get("/{job_id}", operation_id="getJob")
@@ -83,7 +122,7 @@ async def get_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPubl
     return job_public(await existing_job(conn, tenant_id, job_id))
 
 
-@router.post("/{job_id}/cancel", operation_id="cancelJob")
+@router.post("/{job_id}/cancel", operation_id="cancelJob", dependencies=[Audited])
 async def cancel_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPublic:
     row = await store.job_cancel(conn, tenant_id, job_id)
     if row is not None:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import Conn, SettingsDep, TenantId
+from app.api.audit import Audited, set_audit_object
+from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.schemas.pages import Page, page_of
 from app.api.schemas.targets import (
     TargetCreate,
     TargetPublic,
+    TargetRotate,
     TargetSecret,
     TargetUpdate,
     TargetWithSecret,
@@ -23,8 +25,9 @@ from app.services.egress_resolver import url_refusal
 from app.settings import Settings
 from app.store import targets as store
 from app.store.pagination import decode_time_id_cursor
+from app.store.quotas import tenant_count_targets
 
-router = APIRouter(prefix="/v1/targets", tags=["targets"])
+router = APIRouter(prefix="/v1/targets", tags=["targets"], dependencies=[Audited])
 
 NOT_FOUND = "target not found"
 
@@ -51,6 +54,8 @@ async def create_target(
     tenant_id: TenantId,
     conn: Conn,
     settings: SettingsDep,
+    quotas: QuotasDep,
+    request: Request,
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> TargetWithSecret:
@@ -62,6 +67,14 @@ async def create_target(
         return TargetWithSecret(**replayed.model_dump(), secret=current_secret)
     _check_timeout(settings, body.timeout_s)
     await _check_egress(settings, body.url)
+    limits = await quotas.limits(conn, tenant_id)
+    if await tenant_count_targets(conn, tenant_id) >= limits.max_targets:
+        raise Problem(
+            409,
+            f"this tenant already has {limits.max_targets} targets, its limit",
+            slug="quota-exceeded",
+            extra={"limit": "max_targets", "max_targets": limits.max_targets},
+        )
     row, secret = await store.target_create(
         conn,
         tenant_id,
@@ -74,6 +87,7 @@ async def create_target(
         rate_per_s=body.rate_per_s,
     )
     created = TargetWithSecret(**target_public(row).model_dump(), secret=secret)
+    set_audit_object(request, created.id)
     await idempotent.finish(201, created, exclude={"secret"})
     return created
 
@@ -136,8 +150,14 @@ async def delete_target(target_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -
 
 
 @router.post("/{target_id}/rotate-secret", operation_id="rotateTargetSecret")
-async def rotate_secret(target_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> TargetSecret:
-    secret = await store.target_rotate_secret(conn, tenant_id, target_id)
+async def rotate_secret(
+    target_id: uuid.UUID, tenant_id: TenantId, conn: Conn, body: TargetRotate | None = None
+) -> TargetSecret:
+    """A new signing secret. The previous one keeps signing alongside it (a second signature
+    in `webhook-signature`) for `grace_s` seconds, so receivers can switch without dropping
+    deliveries."""
+    grace_s = (body or TargetRotate()).grace_s
+    secret = await store.target_rotate_secret(conn, tenant_id, target_id, grace_s)
     if secret is None:
         raise Problem(404, NOT_FOUND, slug="not-found")
     return TargetSecret(id=target_id, secret=secret)

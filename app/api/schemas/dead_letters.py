@@ -17,7 +17,7 @@ class DeadLetterPublic(BaseModel):
     job_id: uuid.UUID
     target_id: uuid.UUID
     scheduled_for: dt.datetime
-    payload: JsonValue
+    payload: JsonValue = Field(description="In lists, null unless `include=payload`")
     attempts: int
     last_status_code: int | None
     last_error: str | None

@@ -86,7 +86,7 @@ class JobPublic(BaseModel):
     name: str | None
     target_id: uuid.UUID
     state: JobState
-    payload: JsonValue
+    payload: JsonValue = Field(description="In lists, null unless `include=payload`")
     priority: int
     schedule_kind: Literal["once", "cron", "interval"]
     cron: str | None
@@ -149,13 +149,17 @@ def recurring(row: Any, column: str) -> Any:
     return None if row["schedule_kind"] == "once" else row[column]
 
 
-def job_public(row: Any) -> JobPublic:
+_FROM_ROW = object()
+
+
+def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
+    """`payload` for a row read without it (lists); absent, the row's own."""
     return JobPublic(
         id=row["id"],
         name=row["name"],
         target_id=row["target_id"],
         state=row["state"],
-        payload=row["payload"],
+        payload=row.get("payload") if payload is _FROM_ROW else payload,
         priority=row["priority"],
         schedule_kind=row["schedule_kind"],
         cron=row["cron"],

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
+from fastapi import Query
 from pydantic import BaseModel, Field
 
 from app.store.pagination import encode_cursor
@@ -24,3 +25,24 @@ def page_of(
     cursor_of = cursor_of or (lambda row: encode_cursor(row["created_at"], row["id"]))
     next_cursor = cursor_of(rows[limit - 1]) if len(rows) > limit else None
     return Page[T](items=[to_item(row) for row in rows[:limit]], next_cursor=next_cursor)
+
+
+# Payloads in one list page at most (their JSON text; a page holds at least one item), so
+# concurrent lists of large payloads cannot exhaust the API's memory.
+PAGE_PAYLOAD_BUDGET = 1024 * 1024
+
+IncludePayload = Annotated[
+    Literal["payload"] | None,
+    Query(description="`payload`: return each item's payload (pages then stop at about 1 MiB of payloads)"),
+]
+
+
+def rows_within_budget(rows: list[Any], limit: int) -> tuple[list[Any], int]:
+    """`rows` (fetched with `limit + 1`, each with `payload_bytes`) and a limit cut to the
+    rows whose payloads fit PAGE_PAYLOAD_BUDGET; `page_of` then gives the next cursor."""
+    total = 0
+    for index, row in enumerate(rows[:limit]):
+        total += row["payload_bytes"] or 0
+        if total > PAGE_PAYLOAD_BUDGET and index > 0:
+            return rows, index
+    return rows, limit

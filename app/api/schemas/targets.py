@@ -171,6 +171,17 @@ class TargetWithSecret(TargetPublic):
     secret: str = Field(description="Signing secret (whsec_...); shown only on create and rotate")
 
 
+# A rotation's previous secret signs at most this long alongside the new one.
+MAX_ROTATION_GRACE_S = 7 * 86_400
+
+
+class TargetRotate(RequestModel):
+    grace_s: Annotated[float, Field(strict=True, ge=0, le=MAX_ROTATION_GRACE_S)] = Field(
+        default=86_400,
+        description="Seconds the previous secret keeps signing alongside the new one (0: stop at once)",
+    )
+
+
 class TargetSecret(BaseModel):
     id: uuid.UUID
     secret: str

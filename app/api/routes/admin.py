@@ -1,0 +1,105 @@
+"""/v1/admin (admin key): API keys of every tenant, and per-tenant quota overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+
+from app.api.audit import request_id_of
+from app.api.deps import Admin, Conn, QuotasDep
+from app.api.errors import Problem
+from app.api.quotas import Quotas
+from app.api.schemas.security import (
+    ApiKeyCreate,
+    ApiKeyCreated,
+    ApiKeyPublic,
+    TenantLimitsPublic,
+    TenantLimitsUpdate,
+)
+from app.store.audit import audit_append
+from app.store.quotas import tenant_limits_get, tenant_limits_set
+from app.store.tenants import api_key_create_row, api_key_list, api_key_revoke, tenant_ensure, tenant_get_id
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Admin])
+
+TenantName = Annotated[str | None, Query(min_length=1, max_length=200, description="Only this tenant's keys")]
+
+
+async def _audit(conn: Conn, request: Request, tenant_id: uuid.UUID, action: str, object_id: object) -> None:
+    await audit_append(
+        conn,
+        tenant_id=tenant_id,
+        actor="admin",
+        action=action,
+        object_id=str(object_id),
+        request_id=request_id_of(request),
+    )
+
+
+async def _existing_tenant(conn: Conn, name: str) -> uuid.UUID:
+    tenant_id = await tenant_get_id(conn, name)
+    if tenant_id is None:
+        raise Problem(404, "tenant not found", slug="not-found", field="tenant")
+    return tenant_id
+
+
+@router.post("/tenants/{tenant}/api-keys", status_code=201, operation_id="adminCreateApiKey")
+async def create_api_key(tenant: str, conn: Conn, request: Request, body: ApiKeyCreate | None = None) -> ApiKeyCreated:
+    """A new key for the tenant (created if new); the key is shown only in this response."""
+    if not 1 <= len(tenant) <= 200:
+        raise Problem(422, "must be 1-200 characters", slug="validation", field="tenant")
+    tenant_id = await tenant_ensure(conn, tenant)
+    key, row = await api_key_create_row(conn, tenant_id, (body or ApiKeyCreate()).name)
+    await _audit(conn, request, tenant_id, "adminCreateApiKey", row["id"])
+    return ApiKeyCreated(**dict(row), key=key)
+
+
+@router.get("/api-keys", operation_id="adminListApiKeys")
+async def list_api_keys(conn: Conn, tenant: TenantName = None) -> list[ApiKeyPublic]:
+    tenant_id = None if tenant is None else await _existing_tenant(conn, tenant)
+    return [ApiKeyPublic.model_validate(dict(row)) for row in await api_key_list(conn, tenant_id)]
+
+
+@router.post("/api-keys/{key_id}/revoke", operation_id="adminRevokeApiKey")
+async def revoke_api_key(key_id: uuid.UUID, conn: Conn, request: Request) -> ApiKeyPublic:
+    """Revokes the key at once on every replica (keys are looked up on every request)."""
+    row = await api_key_revoke(conn, key_id)
+    if row is None:
+        raise Problem(404, "API key not found", slug="not-found")
+    tenant_id = await tenant_get_id(conn, row["tenant"])
+    assert tenant_id is not None
+    await _audit(conn, request, tenant_id, "adminRevokeApiKey", key_id)
+    return ApiKeyPublic.model_validate(dict(row))
+
+
+async def _limits_public(conn: Conn, quotas: Quotas, tenant: str, tenant_id: uuid.UUID) -> TenantLimitsPublic:
+    overrides: dict[str, Any] = await tenant_limits_get(conn, tenant_id)
+    effective = await quotas.limits(conn, tenant_id)
+    return TenantLimitsPublic(
+        tenant=tenant,
+        effective=dataclasses.asdict(effective),
+        overrides={name: overrides.get(name) for name in dataclasses.asdict(effective)},
+    )
+
+
+@router.get("/tenants/{tenant}/limits", operation_id="adminGetTenantLimits")
+async def get_limits(tenant: str, conn: Conn, quotas: QuotasDep) -> TenantLimitsPublic:
+    tenant_id = await _existing_tenant(conn, tenant)
+    quotas.forget(tenant_id)
+    return await _limits_public(conn, quotas, tenant, tenant_id)
+
+
+@router.put("/tenants/{tenant}/limits", operation_id="adminSetTenantLimits")
+async def set_limits(
+    tenant: str, body: TenantLimitsUpdate, conn: Conn, quotas: QuotasDep, request: Request
+) -> TenantLimitsPublic:
+    """Replaces the tenant's overrides (a field left out or null: the default applies).
+    Other replicas apply a change within 5 s."""
+    tenant_id = await _existing_tenant(conn, tenant)
+    await tenant_limits_set(conn, tenant_id, body.model_dump())
+    quotas.forget(tenant_id)
+    await _audit(conn, request, tenant_id, "adminSetTenantLimits", tenant)
+    return await _limits_public(conn, quotas, tenant, tenant_id)

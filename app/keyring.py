@@ -1,0 +1,169 @@
+"""Secrets at rest: the key ring (`CRONHOOK_SECRET_KEYS` or a generated key file) and the
+sealing of signing secrets and target header values with AES-256-GCM.
+
+A sealed value is `enc1:<key id>:<base64url(nonce | ciphertext | tag)>`; the first key of
+the ring seals, every key opens, so keys rotate by putting a new one first and re-sealing
+(`cronhook secrets rotate`). The ring is installed once per process (Runtime, create_app)
+because the claim's row loader, deep in the scheduler's hot path, opens sealed values and
+must not be handed settings on every call; opening is cached by sealed text (every sealing
+draws a fresh nonce, so a sealed text names exactly one plaintext).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import secrets
+from functools import lru_cache
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+SEALED_PREFIX = "enc1:"
+KEY_FILE_NAME = "secret-keys"
+_KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+_NONCE_BYTES = 12
+# Distinct values are few (targets x headers); the cache only saves the AES work per delivery.
+_OPEN_CACHE_SIZE = 65_536
+
+
+class KeyRingError(ValueError):
+    """A key ring that cannot be used, or a sealed value no key of the ring opens."""
+
+
+def is_sealed(value: str) -> bool:
+    return value.startswith(SEALED_PREFIX)
+
+
+def sealed_key_id(value: str) -> str | None:
+    if not is_sealed(value):
+        return None
+    return value[len(SEALED_PREFIX) :].split(":", 1)[0]
+
+
+class KeyRing:
+    """Named 256-bit AES-GCM keys; the first seals, all open."""
+
+    def __init__(self, keys: list[tuple[str, bytes]]) -> None:
+        if not keys:
+            raise KeyRingError("the key ring is empty")
+        seen: set[str] = set()
+        for key_id, key in keys:
+            if not _KEY_ID.match(key_id):
+                raise KeyRingError(f"key id {key_id!r} must be 1-32 characters of A-Z a-z 0-9 _ -")
+            if len(key) != 32:
+                raise KeyRingError(f"key {key_id!r} must be 32 bytes (base64 of 32 random bytes)")
+            if key_id in seen:
+                raise KeyRingError(f"key id {key_id!r} appears twice")
+            seen.add(key_id)
+        self.primary_id = keys[0][0]
+        self.key_ids = [key_id for key_id, _ in keys]
+        self._ciphers = {key_id: AESGCM(key) for key_id, key in keys}
+        self.open = lru_cache(maxsize=_OPEN_CACHE_SIZE)(self._open)
+
+    def seal(self, plaintext: str, purpose: str) -> str:
+        """`purpose` (e.g. `signing_secret`) is bound as associated data: a sealed header value
+        copied into the secret column does not open."""
+        nonce = os.urandom(_NONCE_BYTES)
+        ciphertext = self._ciphers[self.primary_id].encrypt(nonce, plaintext.encode(), purpose.encode())
+        return f"{SEALED_PREFIX}{self.primary_id}:{base64.urlsafe_b64encode(nonce + ciphertext).decode()}"
+
+    def _open(self, value: str, purpose: str) -> str:
+        if not is_sealed(value):
+            # Rows written before encryption at rest, until start-up seals them.
+            return value
+        try:
+            key_id, encoded = value[len(SEALED_PREFIX) :].split(":", 1)
+            raw = base64.urlsafe_b64decode(encoded)
+        except (ValueError, binascii.Error) as exc:
+            raise KeyRingError("a sealed value is malformed") from exc
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
+            raise KeyRingError(f"no key {key_id!r} in CRONHOOK_SECRET_KEYS to open a stored secret")
+        try:
+            return cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], purpose.encode()).decode()
+        except InvalidTag as exc:
+            raise KeyRingError(f"key {key_id!r} does not open a stored secret (wrong key?)") from exc
+
+    def needs_resealing(self, value: str) -> bool:
+        return sealed_key_id(value) != self.primary_id
+
+
+def new_key_entry(key_id: str | None = None) -> str:
+    """A fresh `id:base64key` entry for CRONHOOK_SECRET_KEYS."""
+    return f"{key_id or 'k' + secrets.token_hex(4)}:{base64.b64encode(secrets.token_bytes(32)).decode()}"
+
+
+def parse_key_ring(spec: str) -> KeyRing:
+    """`id:base64key[,id:base64key...]`, the sealing key first."""
+    keys: list[tuple[str, bytes]] = []
+    for entry in (part.strip() for part in spec.replace("\n", ",").split(",")):
+        if not entry:
+            continue
+        key_id, sep, encoded = entry.partition(":")
+        if not sep:
+            raise KeyRingError("each key must be written `id:base64key`")
+        try:
+            key = base64.b64decode(encoded, validate=True)
+        except binascii.Error as exc:
+            raise KeyRingError(f"key {key_id!r} is not valid base64") from exc
+        keys.append((key_id.strip(), key))
+    return KeyRing(keys)
+
+
+def load_key_file(data_dir: Path) -> KeyRing:
+    """The key ring in `data_dir`/secret-keys, generated (mode 0600) on first use."""
+    path = data_dir / KEY_FILE_NAME
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process of this data dir won the race; read its key
+        else:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(new_key_entry() + "\n")
+    if path.stat().st_mode & 0o077:
+        raise KeyRingError(f"{path} must not be readable by group or others (chmod 600)")
+    return parse_key_ring(path.read_text())
+
+
+class _Installed:
+    ring: KeyRing | None = None
+
+
+def install_key_ring(ring: KeyRing) -> None:
+    """Makes `ring` the process's key ring (start-up; tests)."""
+    _Installed.ring = ring
+
+
+def process_key_ring() -> KeyRing:
+    ring = _Installed.ring
+    if ring is None:
+        raise KeyRingError("no key ring installed: the process did not start through Runtime or create_app")
+    return ring
+
+
+def seal(plaintext: str, purpose: str) -> str:
+    return process_key_ring().seal(plaintext, purpose)
+
+
+def open_sealed(value: str, purpose: str) -> str:
+    if not is_sealed(value):
+        return value  # stored before encryption at rest (start-up seals it)
+    return process_key_ring().open(value, purpose)
+
+
+SIGNING_SECRET = "signing_secret"
+HEADER_VALUE = "header_value"
+
+
+def seal_headers(headers: dict[str, str]) -> dict[str, str]:
+    return {name: seal(value, HEADER_VALUE) for name, value in headers.items()}
+
+
+def open_headers(headers: dict[str, str]) -> dict[str, str]:
+    return {name: open_sealed(value, HEADER_VALUE) for name, value in headers.items()}
