@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
 from app.settings import Settings
-from app.store.tables import jobs, targets
+from app.store.tables import audit_log, jobs, targets
 from tests.conftest import make_target
 
 ADMIN_KEY = "adm_" + "q" * 32
@@ -159,3 +159,40 @@ async def test_triggers_count_against_the_unfinished_jobs_limit(api: httpx.Async
     response = await api.post(f"/v1/jobs/{job['id']}/trigger", headers=auth)
     assert response.status_code == 409 and response.json()["type"] == "urn:cronhook:problem:quota-exceeded"
     assert await _count(engine, jobs) == 1
+
+
+async def test_a_batch_is_held_to_the_quotas_as_a_whole_and_audited_once(
+    api: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    auth = await _tenant(api, "batcher", max_active_jobs=3, min_interval_s=300)
+    target = await make_target(api, auth, "http://127.0.0.1:9/hook")
+    job = {"target_id": target["id"], "payload": {}, "delay_s": 3600}
+    too_many = await api.post("/v1/jobs/batch", json={"jobs": [job] * 4}, headers=auth)
+    assert too_many.status_code == 409 and too_many.json()["type"] == "urn:cronhook:problem:quota-exceeded"
+    too_often = await api.post(
+        "/v1/jobs/batch", json={"jobs": [job, {**job, "delay_s": None, "every_s": 60}]}, headers=auth
+    )
+    assert too_often.status_code == 422 and too_often.json()["errors"][0]["field"] == "jobs[1].every_s"
+    assert await _count(engine, jobs) == 0
+    created = await api.post("/v1/jobs/batch", json={"jobs": [job] * 3}, headers={**auth, "X-Request-Id": "batch-1"})
+    assert created.status_code == 201, created.text
+    assert await _count(engine, jobs) == 3
+    entries = (await api.get("/v1/audit", headers=auth)).json()["items"]
+    assert [(e["action"], e["request_id"]) for e in entries if e["action"] == "createJobs"] == [
+        ("createJobs", "batch-1")
+    ]
+
+
+async def test_the_single_create_is_rate_limited_too(api: httpx.AsyncClient, engine: AsyncEngine) -> None:
+    auth = await _tenant(api, "eager", requests_per_s=2)
+    target = await make_target(api, auth, "http://127.0.0.1:9/hook")
+    body = {"target_id": target["id"], "payload": {}, "delay_s": 3600}
+    statuses = [(await api.post("/v1/jobs", json=body, headers=auth)).status_code for _ in range(12)]
+    assert 429 in statuses and statuses.count(201) >= 1
+    # Every 201 is a job with its audit row; a 429 wrote nothing.
+    assert await _count(engine, jobs) == statuses.count(201)
+    async with engine.connect() as conn:
+        audited = await conn.scalar(
+            select(func.count()).select_from(audit_log).where(audit_log.c.action == "createJob")
+        )
+    assert audited == statuses.count(201)
