@@ -196,7 +196,14 @@ async def test_sigkill_with_500_leases_in_flight_loses_nothing_and_duplicates_at
     # make its claims slow (each claim of 200 can take a second or more then).
     receiver.default = Reply(delay_s=MAX_TARGET_TIMEOUT_S - 1)
     tenant, target = await make_tenant_and_target(engine, receiver.url(), timeout_s=MAX_TARGET_TIMEOUT_S)
-    env = cluster_env(db_url, CRONHOOK_CONCURRENCY="700", CRONHOOK_BATCH_SIZE="200")
+    # One tenant, one target: without their fair-share caps, so the victim can hold 500.
+    env = cluster_env(
+        db_url,
+        CRONHOOK_CONCURRENCY="700",
+        CRONHOOK_BATCH_SIZE="200",
+        CRONHOOK_TENANT_MAX_SHARE="1",
+        CRONHOOK_TARGET_DEFAULT_MAX_IN_FLIGHT="700",
+    )
     names = ["victim", "s1", "s2"]
     started = start_replicas(procs, env, *names)
     procs.start("reaper", ["reaper"], env)
