@@ -177,6 +177,8 @@ async def test_concurrency_caps_one_schedulers_deliveries_in_flight(
     env = base_env(
         CRONHOOK_DATABASE_URL=db_url,
         CRONHOOK_CONCURRENCY="3",
+        # One tenant here: its fair share (half the slots by default) would cap it first.
+        CRONHOOK_TENANT_MAX_SHARE="1",
         CRONHOOK_BATCH_SIZE="10",
         CRONHOOK_POLL_INTERVAL_S="0.05",
     )

@@ -75,7 +75,8 @@ async def test_a_stopped_scheduler_that_wakes_after_takeover_sends_no_stale_post
 ) -> None:
     receiver.default = Reply(delay_s=1.0)
     tenant, target = await make_tenant_and_target(engine, receiver.url(), timeout_s=3)
-    env = cluster_env(db_url, CRONHOOK_CONCURRENCY="40", CRONHOOK_BATCH_SIZE="40")
+    # One tenant, one target: without the fair-share cap, so the sleeper can hold 30 and more.
+    env = cluster_env(db_url, CRONHOOK_CONCURRENCY="40", CRONHOOK_BATCH_SIZE="40", CRONHOOK_TENANT_MAX_SHARE="1")
     names = ["sleeper", "s1"]
     started = start_replicas(procs, env, *names)
     procs.start("reaper", ["reaper"], env)
@@ -129,7 +130,13 @@ async def test_a_killed_replicas_jobs_are_rescued_once_its_death_is_certain_not_
     receiver.default = Reply(delay_s=1.0)
     target_timeout_s = 5.0
     tenant, target = await make_tenant_and_target(engine, receiver.url(), timeout_s=target_timeout_s)
-    env = base_env(CRONHOOK_DATABASE_URL=db_url, CRONHOOK_LOG_LEVEL="INFO", CRONHOOK_CONCURRENCY="100")
+    # One tenant: without the fair-share cap (half the slots), so the victim holds 50 and more.
+    env = base_env(
+        CRONHOOK_DATABASE_URL=db_url,
+        CRONHOOK_LOG_LEVEL="INFO",
+        CRONHOOK_CONCURRENCY="100",
+        CRONHOOK_TENANT_MAX_SHARE="1",
+    )
     names = ["victim", "s1"]
     started = start_replicas(procs, env, *names)
     procs.start("reaper", ["reaper"], env)
