@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
 from app.db.engine import create_engine
+from app.domain.egress import parse_egress_allow
 from app.domain.job import ClaimedJob
 from app.domain.partition import PARTITION_COUNT
 from app.domain.states import CANCELLABLE_STATES, CLAIMABLE_STATES, TERMINAL_STATES, JobState
@@ -47,6 +48,7 @@ from app.store.claims import job_claim_due
 from app.store.jobs import db_now, job_cancel
 from app.store.tables import dead_letters, jobs, partition_leases, replicas, runs
 from app.store.tenants import api_key_create, tenant_ensure
+from tests.conftest import LOOPBACK_ALLOWED
 from tests.factories import expire_leases, make_tenant_and_target
 from tests.receiver import Receiver, Reply
 
@@ -172,7 +174,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         async with self.engine.begin() as conn:
             key = await api_key_create(conn, self.tenant_id)
             self.other_tenant_id = await tenant_ensure(conn, "someone-else")
-        app = create_app(Settings(database_url=db_url, replica_id="stateful"), engine=self.engine)
+        # Retries due (about) at once need a backoff below the default per-tenant floor.
+        settings = Settings(database_url=db_url, replica_id="stateful", tenant_min_backoff_base_s=0)
+        app = create_app(settings, engine=self.engine)
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app),
             base_url="http://cronhook.test",
@@ -186,6 +190,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 lease_margin_s=1,
                 partition_lease_s=PARTITION_LEASE_S,
                 partition_renew_s=PARTITION_RENEW_S,
+                # Deliveries go to the test receiver on loopback.
+                egress=parse_egress_allow(LOOPBACK_ALLOWED),
             )
             self.schedulers[name] = Scheduler(self.engine, config, rng=random.Random(0))
             await self.schedulers[name].start()
@@ -765,7 +771,10 @@ def test_job_lifecycle_keeps_its_invariants(db_url: str) -> None:
         "ownership_round",
         "failed_over",
         "stale_round",
-        "released_unsent",
         "fenced_claim",
     )
+    # "released_unsent" (a claim handed back unsent after its replica lost the partition) is
+    # not required here: the examples reach it only by chance since the last trust check moved
+    # into the connector; tests/e2e/test_faults.py checks it deterministically, on a new and on
+    # a pooled connection.
     assert all(stats[kind] for kind in kinds), stats

@@ -109,7 +109,12 @@ async def test_readyz_is_503_while_the_schema_is_behind(settings: Settings, engi
             await conn.execute(text("UPDATE alembic_version SET version_num = 'an_older_revision'"))
         behind = await http.get("/readyz")
         assert behind.status_code == 503
-        assert behind.json() == {"status": "unavailable", "database": True, "schema_current": False}
+        assert behind.json() == {
+            "status": "unavailable",
+            "database": True,
+            "schema_current": False,
+            "reason": "the database schema is not at the revision this version needs (run cronhook migrate)",
+        }
         async with engine.begin() as conn:
             await conn.execute(text("UPDATE alembic_version SET version_num = :head"), {"head": head_revision()})
         assert (await http.get("/readyz")).status_code == 200

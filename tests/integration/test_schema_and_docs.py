@@ -40,7 +40,7 @@ async def test_probes(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     ready = await client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "database": True, "schema_current": True}
+    assert ready.json() == {"status": "ready", "database": True, "schema_current": True, "reason": None}
 
 
 async def test_readyz_reports_an_unreachable_database(settings: Settings) -> None:

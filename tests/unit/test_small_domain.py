@@ -67,7 +67,15 @@ def test_lease_shorter_than_http_deadline_is_refused_at_start() -> None:
 
 @pytest.mark.parametrize(
     ("sqlstate", "transient"),
-    [("57P03", True), ("57P01", True), ("08006", True), ("23505", False), ("57014", False), (None, False)],
+    [
+        ("57P03", True),
+        ("57P01", True),
+        ("08006", True),
+        ("23505", False),
+        ("57014", True),
+        ("53300", True),
+        (None, False),
+    ],
 )
 def test_a_server_shutting_down_is_an_outage_and_a_constraint_violation_is_not(
     sqlstate: str | None, transient: bool
