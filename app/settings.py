@@ -1,19 +1,20 @@
 """Service settings, read once from `CRONHOOK_*` environment variables and handed down.
 
 The one home of every setting's default: the service configs (SchedulerConfig,
-ReaperConfig) copy values from here with `from_settings`, and take the same defaults
+ReaperConfig, TenantLimits) copy values from here with `copy_settings`, and take the same defaults
 (`default_of`) when a test or bench builds one by hand. The rules that tie settings
 together are functions here, so the configs check them the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import socket
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +44,19 @@ def partition_lease_survives_renewals(lease_s: float, renew_s: float) -> bool:
 def default_of(name: str) -> Any:
     """The default of setting `name`, for a config built without Settings (tests, bench)."""
     return Settings.model_fields[name].get_default(call_default_factory=True)
+
+
+_Config = TypeVar("_Config")
+
+
+def copy_settings(config: type[_Config], settings: Settings, prefix: str = "", **sources: str) -> _Config:
+    """A config dataclass whose every field is copied from the setting of the same name
+    (`prefix` + name, or the name given in `sources`): one list of fields, not two."""
+    values = {
+        f.name: getattr(settings, sources.get(f.name, prefix + f.name))
+        for f in dataclasses.fields(config)  # type: ignore[arg-type]
+    }
+    return config(**values)
 
 
 def default_replica_id() -> str:
@@ -138,7 +152,7 @@ class Settings(BaseSettings):
     default_max_attempts: int = Field(default=5, ge=1, le=100)
     default_backoff_base_s: float = Field(default=2.0, gt=0)
     default_backoff_max_s: float = Field(default=600.0, gt=0)
-    default_backoff_factor: float = Field(default=2.0, ge=1, le=10)
+    default_backoff_factor: float = Field(default=RetryPolicy.backoff_factor, ge=1, le=10)
     default_target_timeout_s: float = Field(default=10.0, gt=0, le=TARGET_TIMEOUT_CEILING_S)
 
     # Internal destinations deliveries may reach anyway (comma-separated CIDRs and host

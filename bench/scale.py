@@ -68,7 +68,7 @@ async def claim_latency(engine: AsyncEngine, held: Held, batch: int, repeats: in
         for _ in range(repeats):
             transaction = await conn.begin()
             t = time.perf_counter()
-            jobs = await job_claim_due(conn, OWNER, batch, 60.0, held, 60.0)
+            jobs = await job_claim_due(conn, OWNER, batch, 60.0, held)
             times.append((time.perf_counter() - t) * 1000)
             claimed = len(jobs)
             await transaction.rollback()

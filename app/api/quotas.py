@@ -22,7 +22,7 @@ from typing import TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.domain.quotas import TenantLimits
-from app.settings import Settings
+from app.settings import Settings, copy_settings
 from app.store.quotas import api_rate_take, tenant_count_active_jobs, tenant_limits_get
 from app.store.tenants import api_key_tenant, hash_api_key
 
@@ -36,14 +36,7 @@ MAX_TRACKED = 10_000
 
 
 def default_limits(settings: Settings) -> TenantLimits:
-    return TenantLimits(
-        requests_per_s=settings.tenant_requests_per_s,
-        max_active_jobs=settings.tenant_max_active_jobs,
-        max_targets=settings.tenant_max_targets,
-        min_interval_s=settings.tenant_min_interval_s,
-        min_backoff_base_s=settings.tenant_min_backoff_base_s,
-        max_attempts=settings.tenant_max_attempts,
-    )
+    return copy_settings(TenantLimits, settings, prefix="tenant_")
 
 
 @dataclass

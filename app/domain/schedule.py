@@ -16,6 +16,7 @@ with no fire time left) is app/domain/occurrences.py.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import math
 from dataclasses import dataclass
 
@@ -52,6 +53,14 @@ def checked_instant(
     if not in_range:
         raise ScheduleError(field, f"must be between 2000-01-01 and {ahead.days // 365} years from now")
     return at
+
+
+class ScheduleKind(enum.StrEnum):
+    """What kind of schedule a job has (the jobs.schedule_kind column, CHECK-mirrored)."""
+
+    ONCE = "once"
+    CRON = "cron"
+    INTERVAL = "interval"
 
 
 @dataclass(frozen=True)

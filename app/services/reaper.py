@@ -22,10 +22,10 @@ from app import metrics
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.logs import log_event
-from app.settings import Settings, default_of
-from app.store.claims import ExpiredLease, job_lock_expired_leases
+from app.settings import Settings, copy_settings, default_of
 from app.store.idempotency import idempotency_key_purge_expired
 from app.store.outcomes import job_finish_attempts
+from app.store.rescues import ExpiredLease, job_lock_expired_leases
 from app.store.retention import dead_letter_delete_expired, job_delete_finished, run_delete_beyond_kept
 
 logger = logging.getLogger(__name__)
@@ -53,15 +53,7 @@ class ReaperConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReaperConfig:
-        return cls(
-            interval_s=settings.reaper_interval_s,
-            batch_size=settings.reaper_batch_size,
-            retention_days=settings.retention_days,
-            dead_letter_retention_days=settings.dead_letter_retention_days,
-            runs_kept_per_job=settings.runs_kept_per_job,
-            retention_batch_size=settings.retention_batch_size,
-            lease_margin_s=settings.lease_margin_s,
-        )
+        return copy_settings(cls, settings, interval_s="reaper_interval_s", batch_size="reaper_batch_size")
 
 
 class Reaper:

@@ -15,13 +15,11 @@ import logging
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import metrics
 from app.db.errors import is_transient_db_error
-from app.domain.egress import EgressPolicy
 from app.domain.fair_share import SlotShares, tenant_share_of
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
@@ -39,8 +37,8 @@ from app.services.loop import (
 )
 from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
+from app.services.scheduler_config import SchedulerConfig
 from app.services.wake_plan import WakePlan
-from app.settings import Settings, default_of, lease_outlasts_http_deadline
 from app.store.claims import (
     job_claim_batch,
     job_hand_off_occurrence,
@@ -55,55 +53,6 @@ MIN_CLAIM_GAP_S = 0.005
 # The least time between two claims that came back short while some tenant or target was
 # at its share (see idle_wait_s()).
 HELD_BACK_WAIT_S = 0.025
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    replica_id: str
-    batch_size: int = default_of("batch_size")
-    concurrency: int = default_of("concurrency")
-    poll_interval_s: float = default_of("poll_interval_s")
-    lease_s: float = default_of("lease_s")
-    max_target_timeout_s: float = default_of("max_target_timeout_s")
-    lease_margin_s: float = default_of("lease_margin_s")
-    partition_lease_s: float = default_of("partition_lease_s")
-    partition_renew_s: float = default_of("partition_renew_s")
-    priority_aging_s: float = default_of("priority_aging_s")
-    tenant_max_share: float = default_of("tenant_max_share")
-    target_default_max_in_flight: int = default_of("target_default_max_in_flight")
-    # Default: deliver to globally routable addresses only.
-    egress: EgressPolicy = field(default_factory=EgressPolicy)
-
-    def __post_init__(self) -> None:
-        if not lease_outlasts_http_deadline(self.lease_s, self.max_target_timeout_s, self.lease_margin_s):
-            raise ValueError("lease_s must exceed max_target_timeout_s + lease_margin_s")
-        if self.batch_size < 1 or self.concurrency < 1 or self.poll_interval_s <= 0:
-            raise ValueError("batch_size, concurrency and poll_interval_s must be positive")
-        if not 0 < self.tenant_max_share <= 1 or self.target_default_max_in_flight < 1:
-            raise ValueError("tenant_max_share must be in (0, 1] and target_default_max_in_flight positive")
-
-    @property
-    def post_start_window_s(self) -> float:
-        """How long after the claim a POST may still start and finish within the lease."""
-        return self.lease_s - self.max_target_timeout_s - self.lease_margin_s
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> SchedulerConfig:
-        return cls(
-            replica_id=settings.replica_id,
-            batch_size=settings.batch_size,
-            concurrency=settings.concurrency,
-            poll_interval_s=settings.poll_interval_s,
-            lease_s=settings.lease_s,
-            max_target_timeout_s=settings.max_target_timeout_s,
-            lease_margin_s=settings.lease_margin_s,
-            partition_lease_s=settings.partition_lease_s,
-            partition_renew_s=settings.partition_renew_s,
-            priority_aging_s=settings.priority_aging_s,
-            tenant_max_share=settings.tenant_max_share,
-            target_default_max_in_flight=settings.target_default_max_in_flight,
-            egress=settings.egress_policy,
-        )
 
 
 class Scheduler:

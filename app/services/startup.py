@@ -11,7 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.services.backlog import BacklogSampler
 from app.services.loop import run_forever
 from app.services.reaper import Reaper, ReaperConfig
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 
 

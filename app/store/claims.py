@@ -1,6 +1,7 @@
 """Jobs, the scheduler's and reaper's side of a lease: claim due jobs, quarantine a row that
 cannot be loaded, hand an unstarted claim back, hand an occurrence off to a child job,
-settle a misfire, and lock expired leases for the reaper. Outcomes are in outcomes.py.
+and settle a misfire. Outcomes are in outcomes.py; the reaper's side (expired leases, dead
+replicas) is in rescues.py.
 
 Every write on behalf of a claim is guarded by the lease (state running and the lease
 token). A statement that matches no row lost a race: the caller logs it and moves on,
@@ -50,7 +51,7 @@ from app.store.claim_ranking import candidate_scans, fair_ranking, share_params
 from app.store.job_rows import CLAIMED_JOB_COLUMNS, NO_LEASE, claimed_from_row, schedule_columns
 from app.store.outcomes import MISSED_REASON, skipped_run_values
 from app.store.runs import run_insert_many
-from app.store.tables import job_state, jobs, partition_leases, replicas, targets
+from app.store.tables import job_state, jobs, partition_leases, targets
 from app.store.targets import target_saturated_ids, target_take_delivery_slots
 
 logger = logging.getLogger(__name__)
@@ -177,17 +178,13 @@ class ClaimBatch:
 
 
 async def job_claim_due(
-    conn: AsyncConnection,
-    owner: str,
-    limit: int,
-    lease_s: float,
-    held: dict[int, int] | None = None,
-    aging_s: float = default_of("priority_aging_s"),
+    conn: AsyncConnection, owner: str, limit: int, lease_s: float, held: dict[int, int] | None = None
 ) -> list[ClaimedJob]:
-    """job_claim_batch's jobs (none when `held` is empty)."""
+    """job_claim_batch's jobs, with the default aging and no shares (none when `held` is
+    empty): the claim as tools and tests take it."""
     if held is not None and not held:
         return []
-    return (await job_claim_batch(conn, owner, limit, lease_s, held, aging_s)).jobs
+    return (await job_claim_batch(conn, owner, limit, lease_s, held)).jobs
 
 
 async def job_claim_batch(
@@ -381,53 +378,3 @@ def _next_occurrence_values(next_at: dt.datetime | None, ended: EndReason | None
     else:
         values = {"state": JobState.SUCCEEDED, "ended_reason": ended or "schedule", "finished_at": func.now()}
     return {**values, "attempt": 0, **NO_LEASE}
-
-
-def _owner_dead() -> Any:
-    """The job's lease owner is a replica whose death is certain: its heartbeat expired, it
-    holds no live partition lease (so it trusts none and starts no POST, see
-    app/services/ownership.py), and the POST it may have started before that has had its
-    target's timeout plus `margin_s` to end and be recorded. A replica that is only slow
-    (overloaded, or cut off from the database for a while) keeps its in-flight deliveries."""
-    live_lease = select(partition_leases.c.partition).where(
-        partition_leases.c.owner == replicas.c.id, partition_leases.c.expires_at > func.now()
-    )
-    in_flight_bound = func.make_interval(0, 0, 0, 0, 0, 0, targets.c.timeout_s + bindparam("margin_s", type_=Double))
-    return (
-        select(replicas.c.id)
-        .where(
-            replicas.c.id == jobs.c.lease_owner,
-            replicas.c.expires_at + in_flight_bound < func.now(),
-            ~live_lease.exists(),
-        )
-        .exists()
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class ExpiredLease:
-    job: ClaimedJob
-    # True: rescued because its replica is dead, before the job lease itself expired.
-    owner_dead: bool
-
-
-async def job_lock_expired_leases(
-    conn: AsyncConnection, limit: int, margin_s: float = default_of("lease_margin_s")
-) -> list[ExpiredLease]:
-    """Running jobs whose lease has expired, or whose lease owner is a dead replica (see
-    _owner_dead; `margin_s`: the time to record an outcome), row-locked for this transaction.
-
-    SKIP LOCKED: two reapers never hold the same job; the lease-token guard in
-    job_finish_attempts makes a late scheduler's completion a no-op.
-    """
-    expired = jobs.c.lease_expires_at < func.now()
-    stmt = (
-        select(*CLAIMED_JOB_COLUMNS, (~expired).label("owner_dead"))
-        .join(targets, targets.c.id == jobs.c.target_id)
-        .where(jobs.c.state == JobState.RUNNING, expired | _owner_dead())
-        .order_by(jobs.c.lease_expires_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True, of=jobs)
-    )
-    rows = (await conn.execute(stmt, {"margin_s": margin_s})).mappings().all()
-    return [ExpiredLease(claimed_from_row(row), bool(row["owner_dead"])) for row in rows]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.schedule import ScheduleKind
 from app.domain.states import TERMINAL_STATES
 from app.store.tables import jobs, tenants
 
@@ -27,7 +28,7 @@ class StoredCronJob:
 _LIST_UNFINISHED = (
     select(jobs.c.id, tenants.c.name.label("tenant"), jobs.c.name, jobs.c.cron, jobs.c.timezone, jobs.c.state)
     .join(tenants, tenants.c.id == jobs.c.tenant_id)
-    .where(jobs.c.schedule_kind == "cron", jobs.c.state.not_in(sorted(TERMINAL_STATES)))
+    .where(jobs.c.schedule_kind == ScheduleKind.CRON, jobs.c.state.not_in(sorted(TERMINAL_STATES)))
     .order_by(tenants.c.name, jobs.c.created_at, jobs.c.id)
 )
 

@@ -14,7 +14,7 @@ from app.domain.job import ClaimedJob
 from app.domain.job_plan import JobChanges
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence
 from app.domain.retry import RetryPolicy
-from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule
+from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule, ScheduleKind
 from app.keyring import SIGNING_SECRET, open_headers, open_sealed
 from app.store.tables import jobs, targets
 
@@ -50,22 +50,22 @@ NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_exp
 
 def schedule_columns(schedule: Schedule) -> dict[str, Any]:
     if isinstance(schedule, OnceSchedule):
-        return {"schedule_kind": "once", "cron": None, "every_s": None, "timezone": "UTC"}
+        return {"schedule_kind": ScheduleKind.ONCE, "cron": None, "every_s": None, "timezone": "UTC"}
     if isinstance(schedule, CronSchedule):
         return {
-            "schedule_kind": "cron",
+            "schedule_kind": ScheduleKind.CRON,
             "cron": schedule.expression,
             "every_s": None,
             "timezone": schedule.timezone,
         }
-    return {"schedule_kind": "interval", "cron": None, "every_s": schedule.every_s, "timezone": "UTC"}
+    return {"schedule_kind": ScheduleKind.INTERVAL, "cron": None, "every_s": schedule.every_s, "timezone": "UTC"}
 
 
 def schedule_from_row(row: RowMapping) -> Schedule:
     kind = row["schedule_kind"]
-    if kind == "cron":
+    if kind == ScheduleKind.CRON:
         return CronSchedule(row["cron"], row["timezone"])
-    if kind == "interval":
+    if kind == ScheduleKind.INTERVAL:
         return IntervalSchedule(row["every_s"])
     return OnceSchedule(row["scheduled_for"])
 

@@ -17,10 +17,11 @@ import functools
 import uuid
 from typing import Any
 
-from sqlalchemy import BigInteger, Double, Integer, bindparam, delete, func, literal_column, select
+from sqlalchemy import BigInteger, Double, Integer, Select, bindparam, delete, func, literal_column, select
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.schedule import ScheduleKind
 from app.domain.states import TERMINAL_STATES
 from app.store.tables import dead_letters, jobs, runs
 
@@ -70,21 +71,24 @@ async def dead_letter_delete_expired(conn: AsyncConnection, older_than_days: flo
     return int(result.rowcount)
 
 
-@functools.cache
-def _run_delete_beyond_kept_statement() -> Any:
-    # The next `jobs_limit` recurring jobs after the cursor that have run more than `keep`
-    # times (one-offs have a handful of runs and go with their job).
-    recurring = (
+def _recurring_with_surplus() -> Select[tuple[uuid.UUID]]:
+    """The next `jobs_limit` recurring jobs after the cursor `after` that have run more than
+    `keep` times (one-offs have a handful of runs and go with their job)."""
+    return (
         select(jobs.c.id)
         .where(
-            jobs.c.schedule_kind != "once",
+            jobs.c.schedule_kind != ScheduleKind.ONCE,
             jobs.c.occurrences_run > bindparam("keep", type_=BigInteger),
             jobs.c.id > bindparam("after", type_=UUID(as_uuid=True)),
         )
         .order_by(jobs.c.id)
         .limit(bindparam("jobs_limit", type_=Integer))
-        .subquery("recurring")
     )
+
+
+@functools.cache
+def _run_delete_beyond_kept_statement() -> Any:
+    recurring = _recurring_with_surplus().subquery("recurring")
     # Per job, the runs older than its newest `keep` (ix_runs_job: job_id, id).
     beyond = (
         select(runs.c.id)
@@ -104,17 +108,7 @@ def _run_delete_beyond_kept_statement() -> Any:
 
 @functools.cache
 def _recurring_cursor_statement() -> Any:
-    stretch = (
-        select(jobs.c.id)
-        .where(
-            jobs.c.schedule_kind != "once",
-            jobs.c.occurrences_run > bindparam("keep", type_=BigInteger),
-            jobs.c.id > bindparam("after", type_=UUID(as_uuid=True)),
-        )
-        .order_by(jobs.c.id)
-        .limit(bindparam("jobs_limit", type_=Integer))
-        .subquery()
-    )
+    stretch = _recurring_with_surplus().subquery()
     return select(stretch.c.id).order_by(stretch.c.id.desc()).limit(1)
 
 

@@ -28,7 +28,8 @@ from app.domain.job import RunOutcome
 from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
 from app.domain.partition import PARTITION_COUNT
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
-from app.domain.states import JobState
+from app.domain.schedule import ScheduleKind
+from app.domain.states import CLAIMABLE_STATES, TERMINAL_STATES, JobState
 
 metadata = MetaData(
     naming_convention={
@@ -47,9 +48,21 @@ job_state = Enum(
     validate_strings=True,
 )
 
+
+def _state_in(states: frozenset[JobState] | tuple[JobState, ...], negated: bool = False) -> str:
+    """SQL text for "state is one of `states`" (index predicates and CHECKs), from the domain's
+    state sets, spelled as the claim and retention statements spell it."""
+    listed = ", ".join(repr(state.value) for state in JobState if state in states)
+    return f"state {'NOT IN' if negated else 'IN'} ({listed})"
+
+
+_STATE_CLAIMABLE = _state_in(CLAIMABLE_STATES)
+_STATE_TERMINAL = _state_in(TERMINAL_STATES)
+_STATE_LIVE = _state_in(TERMINAL_STATES, negated=True)
+
 NOW = text("now()")
 # A dedup_key is held by the tenant's unfinished jobs only.
-DEDUP_KEY_LIVE = "dedup_key IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled')"
+DEDUP_KEY_LIVE = f"dedup_key IS NOT NULL AND {_STATE_LIVE}"
 
 
 def _one_of(column: str, values: type[enum.StrEnum]) -> str:
@@ -222,7 +235,7 @@ jobs = Table(
     _ts("updated_at", nullable=False, default_now=True),
     _ts("finished_at"),
     CheckConstraint(f"partition >= 0 AND partition < {PARTITION_COUNT}", name="partition_range"),
-    CheckConstraint("schedule_kind IN ('once', 'cron', 'interval')", name="schedule_kind_valid"),
+    CheckConstraint(_one_of("schedule_kind", ScheduleKind), name="schedule_kind_valid"),
     CheckConstraint(
         "(schedule_kind = 'cron') = (cron IS NOT NULL) AND (schedule_kind = 'interval') = (every_s IS NOT NULL)",
         name="schedule_fields_match_kind",
@@ -242,7 +255,7 @@ jobs = Table(
         name="running_iff_leased",
     ),
     CheckConstraint(
-        "(state IN ('scheduled', 'retrying')) = (run_at IS NOT NULL)",
+        f"({_STATE_CLAIMABLE}) = (run_at IS NOT NULL)",
         name="waiting_iff_run_at",
     ),
     # The scheduler's claim: due jobs per priority level in run_at order.
@@ -250,7 +263,7 @@ jobs = Table(
         "ix_jobs_due",
         "priority",
         "run_at",
-        postgresql_where=text("state IN ('scheduled', 'retrying')"),
+        postgresql_where=text(_STATE_CLAIMABLE),
     ),
     # Due jobs per tenant: the claim that skips tenants at their share (migration 0011).
     Index(
@@ -258,7 +271,7 @@ jobs = Table(
         "tenant_id",
         "priority",
         "run_at",
-        postgresql_where=text("state IN ('scheduled', 'retrying')"),
+        postgresql_where=text(_STATE_CLAIMABLE),
     ),
     # Per-partition due jobs: the cluster view's lag, and a shard-local claim should the
     # table ever be distributed by partition.
@@ -266,7 +279,7 @@ jobs = Table(
         "ix_jobs_partition_due",
         "partition",
         "run_at",
-        postgresql_where=text("state IN ('scheduled', 'retrying')"),
+        postgresql_where=text(_STATE_CLAIMABLE),
     ),
     # The reaper: running jobs by lease expiry.
     Index("ix_jobs_lease_expires", "lease_expires_at", postgresql_where=text("state = 'running'")),
@@ -275,7 +288,7 @@ jobs = Table(
     Index(
         "ix_jobs_tenant_active",
         "tenant_id",
-        postgresql_where=text("state NOT IN ('succeeded', 'dead', 'cancelled')"),
+        postgresql_where=text(_STATE_LIVE),
     ),
     Index("ix_jobs_target", "target_id"),
     Index("ix_jobs_parent", "parent_job_id", postgresql_where=text("parent_job_id IS NOT NULL")),
@@ -285,7 +298,7 @@ jobs = Table(
     Index(
         "ix_jobs_finished",
         "finished_at",
-        postgresql_where=text("state IN ('succeeded', 'dead', 'cancelled')"),
+        postgresql_where=text(_STATE_TERMINAL),
     ),
     Index(
         "ix_jobs_tenant_dedup_key",

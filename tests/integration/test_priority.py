@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.job import NewJob
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import OnceSchedule
-from app.store.claims import job_claim_due
+from app.store.claims import job_claim_batch
 from app.store.jobs import db_now, job_create_many
 from tests.factories import make_tenant_and_target
 
@@ -38,7 +38,7 @@ async def claim_order(engine: AsyncEngine, count: int, aging_s: float) -> list[u
     order = []
     for _ in range(count):
         async with engine.begin() as conn:
-            claimed = await job_claim_due(conn, "r", 1, 30, aging_s=aging_s)
+            claimed = (await job_claim_batch(conn, "r", 1, 30, aging_s=aging_s)).jobs
         order.extend(job.id for job in claimed)
     return order
 
@@ -75,7 +75,7 @@ async def test_a_batch_takes_the_best_jobs_even_when_one_level_holds_more_than_t
     jobs = [(1, -600.0 - i) for i in range(40)] + [(8, -1.0 - i / 100) for i in range(40)]
     ids = await add_jobs(engine, jobs)
     async with engine.begin() as conn:
-        claimed = {job.id for job in await job_claim_due(conn, "r", limit, 30, aging_s=60)}
+        claimed = {job.id for job in (await job_claim_batch(conn, "r", limit, 30, aging_s=60)).jobs}
     # Priority 1 due 600+ s ago is worth 11+ (the oldest most): they outrank the fresh 8s.
     expected = sorted(range(80), key=lambda i: -effective_priority(jobs[i][0], -jobs[i][1], 60))[:limit]
     assert claimed == {ids[i] for i in expected}

@@ -19,9 +19,11 @@ from app.domain.occurrences import (
     OverlapPolicy,
 )
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
+from app.domain.schedule import MAX_SCHEDULE_AHEAD, ScheduleKind
 from app.domain.states import JobState
 
-MAX_DELAY_S = 10 * 365 * 86400
+# A delay reaches as far as a run_at may (ten years).
+MAX_DELAY_S = int(MAX_SCHEDULE_AHEAD.total_seconds())
 
 
 class JobCreate(RequestModel):
@@ -88,6 +90,7 @@ class JobPublic(BaseModel):
     state: JobState
     payload: JsonValue = Field(description="In lists, null unless `include=payload`")
     priority: int
+    # ScheduleKind's values, spelled out so the contract shows them inline.
     schedule_kind: Literal["once", "cron", "interval"]
     cron: str | None
     timezone: str | None
@@ -146,7 +149,7 @@ class RunPublic(BaseModel):
 
 
 def recurring(row: Any, column: str) -> Any:
-    return None if row["schedule_kind"] == "once" else row[column]
+    return None if row["schedule_kind"] == ScheduleKind.ONCE else row[column]
 
 
 _FROM_ROW = object()
@@ -163,10 +166,10 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         priority=row["priority"],
         schedule_kind=row["schedule_kind"],
         cron=row["cron"],
-        timezone=row["timezone"] if row["schedule_kind"] == "cron" else None,
+        timezone=row["timezone"] if row["schedule_kind"] == ScheduleKind.CRON else None,
         every_s=row["every_s"],
         dedup_key=row["dedup_key"],
-        interval_mode=row["interval_mode"] if row["schedule_kind"] == "interval" else None,
+        interval_mode=row["interval_mode"] if row["schedule_kind"] == ScheduleKind.INTERVAL else None,
         misfire_policy=recurring(row, "misfire_policy"),
         misfire_grace_s=recurring(row, "misfire_grace_s"),
         catch_up_limit=recurring(row, "catch_up_limit"),
