@@ -17,6 +17,7 @@ from app.db.migrate import migrate_to_head
 from app.keyring import KeyRingError, install_key_ring
 from app.logs import log_event
 from app.settings import Settings
+from app.store.rescues import replica_session_name
 from app.store.target_secrets import target_secret_key_ids, target_secrets_reseal
 from app.store.tenants import api_key_ensure_bootstrap, tenant_ensure
 
@@ -53,6 +54,7 @@ class Runtime:
             idle_in_transaction_timeout_s=self.settings.db_idle_in_transaction_timeout_s,
             pre_ping=self._pre_ping,
             statement_timeout_s=self.settings.db_statement_timeout_s,
+            application_name=replica_session_name(self.settings.replica_id),
         )
         await self._wait_for_database()
         migrating = self.settings.auto_migrate if migrate is None else migrate

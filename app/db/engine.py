@@ -22,6 +22,7 @@ def create_engine(
     idle_in_transaction_timeout_s: float = 10.0,
     pre_ping: bool = False,
     statement_timeout_s: float = 0.0,
+    application_name: str | None = None,
 ) -> AsyncEngine:
     """`pre_ping` tests every connection on checkout (three round trips: BEGIN, an empty
     statement, ROLLBACK); it is off by default: every service loop treats a dead connection as
@@ -38,6 +39,10 @@ def create_engine(
     if statement_timeout_s > 0:
         # A statement that hits it is an outage like any other: back off, retry (app/db/errors.py).
         server_settings["statement_timeout"] = str(round(statement_timeout_s * 1000))
+    if application_name:
+        # Names the process's sessions, so the reaper can tell a dead replica (no session left)
+        # from one that is only slow (app/store/rescues.py).
+        server_settings["application_name"] = application_name
     return create_async_engine(
         normalize_url(raw_url),
         connect_args={"server_settings": server_settings},

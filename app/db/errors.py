@@ -62,4 +62,8 @@ def outage_reason(exc: BaseException) -> str:
         return "every pooled database connection is busy"
     if isinstance(exc, ConnectionRefusedError) or isinstance(getattr(exc, "orig", None), ConnectionRefusedError):
         return "the database refuses connections (connection refused)"
+    if isinstance(exc, InterfaceError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
+        # A session the server ended (terminated, restarted) under a pooled connection: the
+        # driver reports it closed, with no SQLSTATE.
+        return "the connection to the database failed (closed by the server or the network)"
     return f"the database is unreachable ({type(exc).__name__})"

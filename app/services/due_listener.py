@@ -32,16 +32,22 @@ _DIALECT_ONLY = ("prepared_statement_cache_size", "prepared_statement_name_func"
 
 
 class DueListener:
-    def __init__(self, engine: AsyncEngine, on_due: Callable[[float | None], None]) -> None:
+    def __init__(
+        self, engine: AsyncEngine, on_due: Callable[[float | None], None], session_name: str | None = None
+    ) -> None:
         """`on_due(epoch_s)`: a job is due at that time (the database's clock); None: notices
-        may have been missed (the connection was lost), look now."""
+        may have been missed (the connection was lost), look now. `session_name`: the
+        connection's application_name (the replica's, app/store/rescues.py)."""
         self._engine = engine
         self._on_due = on_due
+        self._session_name = session_name
 
     async def _connect(self) -> Any:
         args, params = self._engine.dialect.create_connect_args(self._engine.url)
         for name in _DIALECT_ONLY:
             params.pop(name, None)
+        if self._session_name:
+            params["server_settings"] = {"application_name": self._session_name}
         return await asyncpg.connect(*args, **params)
 
     def _notice(self, connection: Any, pid: int, channel: str, payload: str) -> None:

@@ -45,6 +45,7 @@ from app.store.claims import (
     job_release_claim,
     job_settle_due_plan,
 )
+from app.store.rescues import replica_session_name
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,9 @@ class Scheduler:
         # renewal never delays a claim.
         renewals = asyncio.create_task(run_forever(self.ownership, stop, logger))
         watchdog = asyncio.create_task(self.ownership.watch_loop(stop))
-        listener = asyncio.create_task(DueListener(self._engine, self._wake_plan.on_due).run(stop))
+        listener = asyncio.create_task(
+            DueListener(self._engine, self._wake_plan.on_due, replica_session_name(self.config.replica_id)).run(stop)
+        )
         try:
             await self._claim_forever(stop)
         finally:

@@ -103,3 +103,13 @@ def test_schedule_kinds_in_the_contract_and_the_check_are_the_enum() -> None:
     assert set(contract) == {kind.value for kind in ScheduleKind}
     (check,) = (c for c in jobs.constraints if str(c.name).endswith("schedule_kind_valid"))
     assert str(check.sqltext) == "schedule_kind IN ('once', 'cron', 'interval')"  # type: ignore[attr-defined]
+
+
+def test_a_connection_the_server_closed_is_reported_as_a_failed_connection() -> None:
+    from sqlalchemy.exc import InterfaceError
+
+    from app.db.errors import is_transient_db_error, outage_reason
+
+    closed = InterfaceError("SELECT 1", {}, Exception("cannot call Connection.fetch(): connection is closed"))
+    assert is_transient_db_error(closed)
+    assert outage_reason(closed).startswith("the connection to the database failed")
