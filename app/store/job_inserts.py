@@ -14,6 +14,7 @@ create's audit row in the same statement (a data-modifying CTE).
 from __future__ import annotations
 
 import json
+import operator
 import os
 import uuid
 from collections.abc import Sequence
@@ -253,14 +254,16 @@ def _row(prepared: PreparedJob, occurrence_id: uuid.UUID | None = None) -> dict[
     }
 
 
+_COLUMN_NAMES = tuple(name for name, _ in _ARRAYS)
+_in_column_order = operator.itemgetter(*_COLUMN_NAMES)
+
+
 def _parameters(tenant_id: uuid.UUID, jobs_: Sequence[PreparedJob]) -> dict[str, Any]:
-    """One array per column, in the order of `jobs_`."""
-    columns: dict[str, list[Any]] = {name: [] for name, _ in _ARRAYS}
-    for prepared, occurrence_id in zip(jobs_, new_ids(len(jobs_)), strict=True):
-        row = _row(prepared, occurrence_id)
-        for name, values in columns.items():
-            values.append(row[name])
-    return {"tenant_id": tenant_id, **columns}
+    """One array per column, in the order of `jobs_` (rows transposed by zip, in C: a batch
+    of 1,000 jobs is 27 arrays, not 27,000 appends)."""
+    rows = [_in_column_order(_row(job, occurrence)) for job, occurrence in zip(jobs_, new_ids(len(jobs_)), strict=True)]
+    columns = zip(*rows, strict=True) if rows else (() for _ in _COLUMN_NAMES)
+    return {"tenant_id": tenant_id, **{name: list(values) for name, values in zip(_COLUMN_NAMES, columns, strict=True)}}
 
 
 async def job_insert_many(conn: AsyncConnection, news: Sequence[NewJob]) -> list[RowMapping]:
