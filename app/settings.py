@@ -52,10 +52,10 @@ _Config = TypeVar("_Config")
 def copy_settings(config: type[_Config], settings: Settings, prefix: str = "", **sources: str) -> _Config:
     """A config dataclass whose every field is copied from the setting of the same name
     (`prefix` + name, or the name given in `sources`): one list of fields, not two."""
-    values = {
-        f.name: getattr(settings, sources.get(f.name, prefix + f.name))
-        for f in dataclasses.fields(config)  # type: ignore[arg-type]
-    }
+    names = {f.name for f in dataclasses.fields(config)}  # type: ignore[arg-type]
+    if unknown := set(sources) - names:
+        raise TypeError(f"{config.__name__} has no field {sorted(unknown)}")
+    values = {name: getattr(settings, sources.get(name, prefix + name)) for name in names}
     return config(**values)
 
 
@@ -122,6 +122,11 @@ class Settings(BaseSettings):
     # by `lease_margin_s`, the time allowed to record an outcome after the POST returns.
     max_target_timeout_s: float = Field(default=30.0, gt=0, le=TARGET_TIMEOUT_CEILING_S)
     lease_margin_s: float = Field(default=5.0, ge=0.5)
+    # A replica whose heartbeat lapsed and whose sessions are all gone is dead: its jobs are
+    # rescued at once (app/store/rescues.py). Turn off behind a transaction-mode pooler
+    # (PgBouncer), where sessions do not belong to processes: its jobs then wait the
+    # target's timeout plus the lease margin more.
+    dead_replica_fast_rescue: bool = True
     # Partition ownership: each replica renews its partition leases every `partition_renew_s`;
     # a replica that dies loses them `partition_lease_s` later, when the others take them over.
     partition_lease_s: float = Field(default=15.0, gt=0, le=3600)

@@ -60,7 +60,8 @@ from app.domain.retry import RetryPolicy
 from app.domain.schedule import OnceSchedule
 from app.domain.states import JobState
 from app.logs import configure_logging
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.store.job_rows import schedule_columns
 from app.store.jobs import db_now
 from app.store.tables import jobs, runs

@@ -44,6 +44,7 @@ class ReaperConfig:
     # A dead replica's jobs wait its target's timeout plus this (the scheduler's time to
     # record an outcome) after its heartbeat expired: a POST it started may still end.
     lease_margin_s: float = default_of("lease_margin_s")
+    dead_replica_fast_rescue: bool = default_of("dead_replica_fast_rescue")
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.batch_size < 1 or self.retention_batch_size < 1:
@@ -73,7 +74,9 @@ class Reaper:
     async def run_once(self) -> dict[str, int]:
         counts = {"rescued": 0, "dead_lettered": 0}
         async with self._engine.begin() as conn:
-            expired = await job_lock_expired_leases(conn, self.config.batch_size, self.config.lease_margin_s)
+            expired = await job_lock_expired_leases(
+                conn, self.config.batch_size, self.config.lease_margin_s, self.config.dead_replica_fast_rescue
+            )
             items = [
                 FinishedAttempt(
                     lease.job,

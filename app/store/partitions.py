@@ -29,10 +29,11 @@ def _ttl(seconds: float) -> object:
 
 async def replica_heartbeat(conn: AsyncConnection, replica_id: str, ttl_s: float) -> list[str]:
     """Records that `replica_id` is alive for `ttl_s` more; returns the live replicas' ids."""
-    stmt = insert(replicas).values(id=replica_id, expires_at=_ttl(ttl_s))
+    server = func.pg_postmaster_start_time()
+    stmt = insert(replicas).values(id=replica_id, expires_at=_ttl(ttl_s), server_started_at=server)
     stmt = stmt.on_conflict_do_update(
         index_elements=[replicas.c.id],
-        set_={"heartbeat_at": func.now(), "expires_at": _ttl(ttl_s)},
+        set_={"heartbeat_at": func.now(), "expires_at": _ttl(ttl_s), "server_started_at": server},
     )
     await conn.execute(stmt)
     # Forget replicas that have been gone for a while; a live one re-inserts itself.

@@ -5,21 +5,23 @@ decides what becomes of each; outcomes.py writes it).
 A replica's death is certain when its heartbeat and partition leases have expired (so it
 trusts nothing and starts no POST, app/services/ownership.py) and either
 - its process is gone: none of its sessions is left on the server (each replica names its
-  sessions `replica_session_name(id)`; a killed process's sockets close with it), and the
-  server has not restarted since its last heartbeat (a restart ends every session); its jobs
-  are rescued at once; or
-- its sessions are still there (stalled, overloaded, cut off, or behind a pooler that hides
-  them) but the POST it may have started before its trust ended has had its target's
-  timeout plus the lease margin to end and be recorded.
+  sessions `replica_session_name(id)`; a killed process's sockets close with it), on the
+  same server instance its last heartbeat was written on (a restart or a failover ends
+  every session, and proves nothing); its jobs are rescued at once. `fast` False (behind a
+  transaction-mode pooler, where sessions do not belong to processes) turns this off; or
+- the POST it may have started before its trust ended has had its target's timeout plus
+  the lease margin to end and be recorded (its sessions are still there: it is stalled,
+  overloaded or cut off, not dead).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from typing import Any
 
-from sqlalchemy import Double, Text, bindparam, column, func, literal, select, table
+from sqlalchemy import Boolean, Double, Integer, Text, bindparam, column, func, literal, select, table
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.job import ClaimedJob
@@ -42,31 +44,52 @@ def replica_session_name(replica_id: str) -> str:
     return _SESSION_PREFIX + digest[:_SESSION_HASH_CHARS]
 
 
-def _process_gone() -> Any:
-    """The job's lease owner has no session left on a server that has been up since its
-    last heartbeat."""
-    name = literal(_SESSION_PREFIX) + func.left(func.md5(replicas.c.id), _SESSION_HASH_CHARS)
-    session = select(_pg_stat_activity.c.application_name).where(_pg_stat_activity.c.application_name == name)
-    return ~session.exists() & (func.pg_postmaster_start_time() < replicas.c.heartbeat_at)
-
-
-def _owner_dead() -> Any:
-    """The job's lease owner is a replica whose death is certain (see the module docstring;
-    `margin_s`: the time to record an outcome). A replica that is only slow (overloaded, or
-    cut off from the database for a while) keeps its in-flight deliveries."""
+def _lapsed_replicas() -> Any:
+    """Replicas whose heartbeat and partition leases have expired, each with whether its
+    process is gone; computed once per statement (MATERIALIZED), not once per running job."""
     live_lease = select(partition_leases.c.partition).where(
         partition_leases.c.owner == replicas.c.id, partition_leases.c.expires_at > func.now()
     )
-    in_flight_bound = func.make_interval(0, 0, 0, 0, 0, 0, targets.c.timeout_s + bindparam("margin_s", type_=Double))
+    # One scan of the server's sessions (a hashed subplan), whatever the number of replicas.
+    named = _pg_stat_activity.c.application_name
+    sessions = select(named).where(named.like(_SESSION_PREFIX + "%"))
+    # The UTF-8 bytes, as Python hashes them, whatever the database's encoding.
+    session_name = literal(_SESSION_PREFIX) + func.left(
+        func.md5(func.convert_to(replicas.c.id, "UTF8")), _SESSION_HASH_CHARS
+    )
+    process_gone = (
+        bindparam("fast", type_=Boolean)
+        & (replicas.c.server_started_at == func.pg_postmaster_start_time())
+        & session_name.not_in(sessions)
+    )
     return (
-        select(replicas.c.id)
+        select(replicas.c.id, replicas.c.expires_at, process_gone.label("process_gone"))
+        .where(replicas.c.expires_at < func.now(), ~live_lease.exists())
+        .cte("lapsed_replicas")
+        .prefix_with("MATERIALIZED")
+    )
+
+
+@functools.cache
+def _lock_expired_statement() -> Any:
+    lapsed = _lapsed_replicas()
+    in_flight_bound = func.make_interval(0, 0, 0, 0, 0, 0, targets.c.timeout_s + bindparam("margin_s", type_=Double))
+    owner_dead = (
+        select(lapsed.c.id)
         .where(
-            replicas.c.id == jobs.c.lease_owner,
-            replicas.c.expires_at < func.now(),
-            ~live_lease.exists(),
-            _process_gone() | (replicas.c.expires_at + in_flight_bound < func.now()),
+            lapsed.c.id == jobs.c.lease_owner,
+            lapsed.c.process_gone | (lapsed.c.expires_at + in_flight_bound < func.now()),
         )
         .exists()
+    )
+    expired = jobs.c.lease_expires_at < func.now()
+    return (
+        select(*CLAIMED_JOB_COLUMNS, (~expired).label("owner_dead"))
+        .join(targets, targets.c.id == jobs.c.target_id)
+        .where(jobs.c.state == JobState.RUNNING, expired | owner_dead)
+        .order_by(jobs.c.lease_expires_at)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True, of=jobs)
     )
 
 
@@ -78,22 +101,18 @@ class ExpiredLease:
 
 
 async def job_lock_expired_leases(
-    conn: AsyncConnection, limit: int, margin_s: float = default_of("lease_margin_s")
+    conn: AsyncConnection,
+    limit: int,
+    margin_s: float = default_of("lease_margin_s"),
+    fast: bool = default_of("dead_replica_fast_rescue"),
 ) -> list[ExpiredLease]:
-    """Running jobs whose lease has expired, or whose lease owner is a dead replica (see
-    _owner_dead; `margin_s`: the time to record an outcome), row-locked for this transaction.
+    """Running jobs whose lease has expired, or whose lease owner is a dead replica (see the
+    module docstring; `margin_s`: the time to record an outcome), row-locked for this
+    transaction.
 
     SKIP LOCKED: two reapers never hold the same job; the lease-token guard in
     job_finish_attempts makes a late scheduler's completion a no-op.
     """
-    expired = jobs.c.lease_expires_at < func.now()
-    stmt = (
-        select(*CLAIMED_JOB_COLUMNS, (~expired).label("owner_dead"))
-        .join(targets, targets.c.id == jobs.c.target_id)
-        .where(jobs.c.state == JobState.RUNNING, expired | _owner_dead())
-        .order_by(jobs.c.lease_expires_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True, of=jobs)
-    )
-    rows = (await conn.execute(stmt, {"margin_s": margin_s})).mappings().all()
+    params = {"margin_s": margin_s, "fast": fast, "limit": limit}
+    rows = (await conn.execute(_lock_expired_statement(), params)).mappings().all()
     return [ExpiredLease(claimed_from_row(row), bool(row["owner_dead"])) for row in rows]

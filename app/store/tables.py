@@ -363,6 +363,9 @@ replicas = Table(
     _ts("started_at", nullable=False, default_now=True),
     _ts("heartbeat_at", nullable=False, default_now=True),
     _ts("expires_at", nullable=False),
+    # pg_postmaster_start_time() at the last heartbeat: the server instance it was written on
+    # (app/store/rescues.py; migration 0012).
+    _ts("server_started_at"),
 )
 
 # One row per virtual partition (created by migration 0003): who may claim its jobs, until

@@ -14,7 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks.webhooks import Webhook
 
 from app.services.reaper import Reaper, ReaperConfig
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.jobs import db_now
 from tests.conftest import make_job, make_target

@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.egress import parse_egress_allow
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.settings import default_of
 from app.store.targets import target_create
 from tests.conftest import LOOPBACK_ALLOWED

@@ -12,7 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.egress import parse_egress_allow
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.store.tables import jobs, targets
 from tests.conftest import LOOPBACK_ALLOWED, make_job, make_target
 from tests.factories import make_jobs_bulk

@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.services.due_listener import DueListener
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from tests.conftest import make_job, make_target
 from tests.receiver import Receiver, wait_for

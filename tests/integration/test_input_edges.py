@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.claims import job_claim_due
 from app.store.tables import jobs

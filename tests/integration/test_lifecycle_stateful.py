@@ -42,7 +42,8 @@ from app.domain.job import ClaimedJob
 from app.domain.partition import PARTITION_COUNT
 from app.domain.states import CANCELLABLE_STATES, CLAIMABLE_STATES, TERMINAL_STATES, JobState
 from app.services.reaper import Reaper, ReaperConfig
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.claims import job_claim_due
 from app.store.jobs import db_now, job_cancel

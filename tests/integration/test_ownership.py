@@ -14,7 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.partition import PARTITION_COUNT, fair_share
 from app.services.ownership import PartitionOwnership
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.claims import job_claim_due
 from app.store.tables import jobs, partition_leases, replicas

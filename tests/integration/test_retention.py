@@ -12,7 +12,8 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.services.reaper import Reaper, ReaperConfig
-from app.services.scheduler import Scheduler, SchedulerConfig
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.jobs import db_now
 from app.store.runs import run_insert_many
