@@ -7,25 +7,22 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app import __version__, event_loop
+from app import __version__
 from app.api.app import create_app
 from app.cli_security import add_security_commands
 from app.client.commands import add_client_commands, run_client_command
 from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
-from app.keyring import KeyRingError
 from app.logs import configure_logging, log_event
 from app.processes import LISTEN_FD_ENV, ChildSpec, Supervisor, attach_to_parent, child_env
-from app.runtime import Runtime
+from app.runtime import run_role
 from app.services.probes import PortInUse, ensure_port_free, start_probe_server
 from app.services.startup import start_services
 from app.settings import Settings
@@ -299,29 +296,3 @@ def _cmd_cron_check(settings: Settings, args: argparse.Namespace) -> None:
     run_role(settings, body)
     # Like diff: 1 when something is listed.
     raise SystemExit(1 if changed else 0)
-
-
-def run_role(
-    settings: Settings,
-    body: Callable[[AsyncEngine, asyncio.Event], Awaitable[None]],
-    migrate: bool | None = None,
-) -> None:
-    """Runs `body` with a database, stopping cleanly on SIGINT/SIGTERM."""
-
-    async def runner() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        runtime = Runtime(settings)
-        try:
-            engine = await runtime.start(migrate=migrate)
-            await body(engine, stop)
-        finally:
-            await runtime.stop()
-
-    try:
-        event_loop.run(runner())
-    except KeyRingError as exc:
-        print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
-        raise SystemExit(2) from None

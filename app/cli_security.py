@@ -18,6 +18,7 @@ from app.api.quotas import default_limits
 from app.domain.quotas import FLOAT_LIMITS, LIMIT_FIELDS
 from app.keyring import new_key_entry, process_key_ring
 from app.logs import log_event
+from app.runtime import run_role
 from app.settings import Settings
 from app.store.audit import audit_append
 from app.store.quotas import tenant_limits_get, tenant_limits_set
@@ -54,12 +55,6 @@ def add_security_commands(sub: Any) -> None:
     for name in LIMIT_FIELDS:
         limits.add_argument(f"--{name.replace('_', '-')}", type=_limit_value, help="a number, or `default`")
     limits.set_defaults(func=_cmd_tenant_limits)
-
-
-def run_role(settings: Settings, body: Any) -> None:
-    from app.cli import run_role as run  # the CLI's one way of running with a database
-
-    run(settings, body)
 
 
 def _cmd_api_key_create(settings: Settings, args: argparse.Namespace) -> None:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import sys
 import time
+from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app import event_loop
 from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine
 from app.db.errors import is_transient_db_error
@@ -118,3 +122,29 @@ class Runtime:
                 log_event(logger, "database_wait", logging.WARNING, error=type(exc).__name__, retry_in_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def run_role(
+    settings: Settings,
+    body: Callable[[AsyncEngine, asyncio.Event], Awaitable[None]],
+    migrate: bool | None = None,
+) -> None:
+    """Runs `body` with a database, stopping cleanly on SIGINT/SIGTERM."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        runtime = Runtime(settings)
+        try:
+            engine = await runtime.start(migrate=migrate)
+            await body(engine, stop)
+        finally:
+            await runtime.stop()
+
+    try:
+        event_loop.run(runner())
+    except KeyRingError as exc:
+        print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
+        raise SystemExit(2) from None
