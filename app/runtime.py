@@ -1,6 +1,7 @@
 """One process's database runtime: the embedded server (when no URL is set), the engine,
 migrations, the key ring for secrets at rest and the bootstrap API key. Used by every CLI
-role and by the API's lifespan."""
+role (run_role: the runtime around a role's body, stopped cleanly on SIGINT/SIGTERM) and by
+the API's lifespan."""
 
 from __future__ import annotations
 
