@@ -121,7 +121,8 @@ class Receiver:
 class Processes:
     def __init__(self, db_url: str, log_dir: Path) -> None:
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("CRONHOOK_")}
-        self._env.update(ENV, CRONHOOK_DATABASE_URL=db_url)
+        # The key ring the bench sealed the target secret with (bench_keys.py).
+        self._env.update(ENV, CRONHOOK_DATABASE_URL=db_url, CRONHOOK_SECRET_KEYS=BENCH_SECRET_KEYS)
         self._log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
