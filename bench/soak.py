@@ -45,6 +45,7 @@ from typing import Any
 
 import psutil
 from aiohttp import web
+from bench_keys import BENCH_SECRET_KEYS
 from dispatch import BenchDatabase, add_database_url_arg
 from sqlalchemy import func, select, text
 
