@@ -67,8 +67,17 @@ def pytest_configure(config: pytest.Config) -> None:
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+E2E_DIR = Path(__file__).parent / "e2e"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that starts real processes must say so with the `e2e` marker."""
+    """Every test of tests/e2e (real service processes, a real receiver, real signals) carries
+    the `e2e` marker, so `-m e2e` / `-m "not e2e"` select exactly that layer; a test elsewhere
+    that starts service processes (the `procs` fixture) must carry it too. One-shot CLI
+    commands run by integration tests (`cronhook cron-check`, `api-key`) are not services."""
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).parents and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
     unmarked = [
         item.nodeid
         for item in items

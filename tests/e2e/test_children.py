@@ -61,6 +61,7 @@ async def test_sigterm_stops_every_scheduler_process_with_exit_0(db_url: str, tm
     finally:
         if parent.poll() is None:
             parent.kill()
+            parent.wait(timeout=10)  # reaped here, even when the test failed
     assert not any(alive(pid) for pid in children)
     assert sorted((e["child"], e["exit_code"]) for e in events(log, "child_stopped")) == [
         ("scheduler-1", 0),
@@ -86,6 +87,9 @@ async def test_sigkill_of_the_parent_leaves_no_child(db_url: str, tmp_path: Path
         for pid in children:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait(timeout=10)
 
 
 async def test_up_with_processes_and_workers_on_embedded_postgres(tmp_path: Path) -> None:
@@ -120,4 +124,5 @@ async def test_up_with_processes_and_workers_on_embedded_postgres(tmp_path: Path
     finally:
         if parent.poll() is None:
             parent.kill()
+            parent.wait(timeout=10)  # reaped here, even when the test failed
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -74,7 +74,7 @@ async def test_patch_changes_only_given_fields(client: httpx.AsyncClient, auth: 
     assert body["url"] == "http://example.test/b" and body["name"] == target["name"]
     assert body["headers"] == {"X-Team": "<redacted>"}
     bad = await client.patch(f"/v1/targets/{target['id']}", json={"url": "gopher://x"}, headers=auth)
-    assert bad.status_code == 422
+    assert_problem(bad, 422, "url")
     null_name = await client.patch(f"/v1/targets/{target['id']}", json={"name": None}, headers=auth)
     assert null_name.status_code == 422 and null_name.json()["errors"][0]["field"] == "name"
 
@@ -92,7 +92,7 @@ async def test_delete_refuses_while_jobs_are_active_then_succeeds(
     assert (await client.delete(f"/v1/targets/{target['id']}", headers=auth)).status_code == 404
     # A deleted target takes no new jobs.
     response = await client.post("/v1/jobs", json={"target_id": target["id"], "delay_s": 1}, headers=auth)
-    assert response.status_code == 422
+    assert_problem(response, 422, "target_id")
 
 
 async def test_other_tenants_cannot_touch_a_target(

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.tables import jobs
 from tests.conftest import make_job, make_target, new_tenant
+from tests.problems import assert_problem
 
 URL = "http://127.0.0.1:9/hook"
 BATCH = "/v1/jobs/batch"
@@ -100,7 +101,7 @@ async def test_size_limits_are_named(client: httpx.AsyncClient, auth: dict[str, 
     too_many = await client.post(BATCH, json={"jobs": [item(target)] * 1001}, headers=auth)
     assert too_many.status_code == 422 and too_many.json()["errors"][0]["field"] == "jobs"
     empty = await client.post(BATCH, json={"jobs": []}, headers=auth)
-    assert empty.status_code == 422
+    assert_problem(empty, 422, "jobs")
 
 
 async def test_dedup_conflicts_are_reported_per_item_and_the_rest_is_created(

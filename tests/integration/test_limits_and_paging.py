@@ -10,11 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select, text, update
+from alembic import command
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
-from app.db.migrate import head_revision
+from app.db.migrate import alembic_config, head_revision, migrate_to_head, revision_of
 from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
@@ -91,8 +93,12 @@ async def test_schedule_limits_are_422_naming_the_field_and_write_nothing(
     assert dt.datetime.fromisoformat(at["next_run_at"]) == within
 
 
-async def test_bulk_replay_and_preview_are_capped_at_1000(client: httpx.AsyncClient, auth: dict[str, str]) -> None:
+async def test_bulk_replay_and_preview_are_capped_at_1000(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine
+) -> None:
+    before = await row_counts(engine)
     assert_problem(await client.post("/v1/dead-letters/replay", json={"limit": 1001}, headers=auth), 422, "limit")
+    assert await row_counts(engine) == before
     ok = await client.post("/v1/dead-letters/replay", json={"limit": 1000}, headers=auth)
     assert ok.status_code == 200 and ok.json()["replayed"] == []
     params = {"cron": "* * * * * *", "count": 1001}
@@ -106,8 +112,10 @@ async def test_readyz_is_503_while_the_schema_is_behind(settings: Settings, engi
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         assert (await http.get("/readyz")).status_code == 200
         async with engine.begin() as conn:
-            # As if a newer release had not migrated this database yet: one revision behind.
-            await conn.execute(text("UPDATE alembic_version SET version_num = 'an_older_revision'"))
+            # As if a newer release had not migrated this database yet: really one migration
+            # behind (the last one downgraded).
+            await conn.run_sync(downgrade_one)
+            assert await conn.run_sync(revision_of) != head_revision()
         behind = await http.get("/readyz")
         assert behind.status_code == 503
         assert behind.json() == {
@@ -116,9 +124,14 @@ async def test_readyz_is_503_while_the_schema_is_behind(settings: Settings, engi
             "schema_current": False,
             "reason": "the database schema is not at the revision this version needs (run cronhook migrate)",
         }
-        async with engine.begin() as conn:
-            await conn.execute(text("UPDATE alembic_version SET version_num = :head"), {"head": head_revision()})
+        await migrate_to_head(engine)
         assert (await http.get("/readyz")).status_code == 200
+
+
+def downgrade_one(connection: Connection) -> None:
+    config = alembic_config()
+    config.attributes["connection"] = connection
+    command.downgrade(config, "-1")
 
 
 async def every_page(client: httpx.AsyncClient, auth: dict[str, str], path: str, limit: int) -> list[list[str]]:
