@@ -11,19 +11,25 @@ from sqlalchemy.pool import NullPool
 
 from app.db.engine import normalize_url
 from tests.conftest import make_target
+from tests.receiver import wait_for
 
 
 async def end_other_sessions(db_url: str) -> int:
+    """Ends every other session of the test database and returns once they are gone: the
+    pooled connections are then dead, not dying (on a busy machine a backend can still run a
+    statement for a moment after pg_terminate_backend, and die between two statements)."""
     admin = create_async_engine(normalize_url(db_url), poolclass=NullPool)
+    others = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
     try:
         async with admin.connect() as conn:
-            ended = await conn.scalar(
-                text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-            )
-            return int(ended or 0)
+            ended = int(await conn.scalar(text(f"SELECT count(pg_terminate_backend(pid)) {others}")) or 0)
+
+            async def gone() -> bool:
+                await conn.rollback()  # pg_stat_activity is read once per transaction
+                return not await conn.scalar(text(f"SELECT count(*) {others}"))
+
+            await wait_for(gone, timeout=30, interval=0.05, message="terminated sessions gone")
+            return ended
     finally:
         await admin.dispose()
 
