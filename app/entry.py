@@ -6,8 +6,10 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import sys
 import tempfile
+from types import FrameType
 
 CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "schedules"})
 # Roles that may run several processes (`--processes`, `--workers`) behind one /metrics.
@@ -26,6 +28,18 @@ def _share_metrics_between_processes() -> None:
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
 
 
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def _stop_cleanly_while_starting() -> None:
+    """A SIGTERM that arrives while a service process is still starting (imports: seconds on
+    a busy machine) ends it with exit 0 and its exit handlers run (the metrics directory is
+    removed), as for one that arrives later, instead of killing it with 143. Nothing has
+    started yet; the role's own handler replaces this one once its event loop runs."""
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in CLIENT_VERBS:
@@ -34,6 +48,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(client_main(args))
     if args and args[0] in SERVICE_ROLES:
         _share_metrics_between_processes()
+        _stop_cleanly_while_starting()
+    # A child of `--processes`/`--workers` starts with SIGTERM blocked (app/processes.py): one
+    # that came meanwhile is delivered now, to the handler above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     from app.cli import main as service_main
 
     service_main(args)

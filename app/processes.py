@@ -85,9 +85,16 @@ class Children:
     def spawn(self, spec: ChildSpec) -> subprocess.Popen[bytes]:
         assert threading.current_thread() is threading.main_thread(), "PR_SET_PDEATHSIG follows the forking thread"
         env = {**spec.env, PARENT_PID_ENV: str(os.getpid()), PARENT_PIPE_ENV: str(self._read_fd)}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app", *spec.args], env=env, pass_fds=(self._read_fd, *spec.pass_fds)
-        )
+        # The child starts with SIGTERM blocked (the mask survives exec) and unblocks it once
+        # its handler is in place (app/entry.py): a stop that comes while it is starting
+        # waits those few milliseconds and ends it cleanly, instead of killing it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "app", *spec.args], env=env, pass_fds=(self._read_fd, *spec.pass_fds)
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         self.procs[spec.name] = proc
         log_event(logger, "child_started", child=spec.name, pid=proc.pid)
         return proc

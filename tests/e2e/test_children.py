@@ -126,3 +126,23 @@ async def test_up_with_processes_and_workers_on_embedded_postgres(tmp_path: Path
             parent.kill()
             parent.wait(timeout=10)  # reaped here, even when the test failed
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def test_sigterm_while_the_children_are_starting_stops_them_with_exit_0(db_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "scheduler.log"
+    env = base_env(CRONHOOK_DATABASE_URL=db_url)
+    parent = start(["scheduler", "--processes", "2"], env, log)
+    try:
+        # The stop comes as soon as the children exist: they are still starting (interpreter,
+        # imports), long before their schedulers run.
+        await wait_for(lambda: len(child_pids(log)) == 2, timeout=60, interval=0.01, message="two children")
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=60) == 0
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+    assert sorted((e["child"], e["exit_code"]) for e in events(log, "child_stopped")) == [
+        ("scheduler-1", 0),
+        ("scheduler-2", 0),
+    ]
