@@ -271,6 +271,7 @@ async def test_a_stopped_replica_is_fenced_after_takeover_and_rejoins_with_new_e
     engine: AsyncEngine, db_url: str, receiver: Receiver, procs: Processes
 ) -> None:
     receiver.default = Reply(delay_s=1.0)
+    await install_lease_history(engine)
     tenant, target = await make_tenant_and_target(engine, receiver.url(), timeout_s=MAX_TARGET_TIMEOUT_S)
     env = cluster_env(db_url, CRONHOOK_CONCURRENCY="200")
     names = ["sleeper", "s1", "s2"]
@@ -340,6 +341,9 @@ async def test_a_stopped_replica_is_fenced_after_takeover_and_rejoins_with_new_e
     for row in await leases(engine):
         if row.owner == "sleeper":
             assert row.epoch > epochs_at_stop[row.partition]
+    # Over the whole run, never two owners at once (each takeover from the sleeper waited for
+    # its lease to expire), and every delivery was claimed by the partition's owner of the time.
+    await assert_single_owner_history(engine)
 
 
 # Test instrumentation in the test's own database: every change of a partition's owner or
@@ -396,12 +400,45 @@ def ownership_violations(history: list[Any]) -> tuple[list[str], dict[int, list[
     return violations, tenures
 
 
-async def test_scaling_2_to_4_to_2_under_load_never_has_two_owners_and_loses_nothing(
-    engine: AsyncEngine, db_url: str, receiver: Receiver, procs: Processes
-) -> None:
+async def install_lease_history(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
         for statement in LEASE_HISTORY:
             await conn.execute(text(statement))
+
+
+async def assert_single_owner_history(engine: AsyncEngine) -> dict[int, list[Tenure]]:
+    """No two owners of a partition at once, and every successful delivery started within its
+    replica's tenure of the job's partition, or within the claim's POST window after it ended
+    (a claim made just before a hand-over may still start its POST; after that window it is
+    dropped unsent). Returns each partition's tenures."""
+    async with engine.connect() as conn:
+        history = list(await conn.execute(text("SELECT * FROM lease_history ORDER BY id")))
+        delivered = list(
+            await conn.execute(
+                select(jobs.c.partition, runs.c.replica_id, runs.c.started_at)
+                .join(jobs, jobs.c.id == runs.c.job_id)
+                .where(runs.c.outcome == "success")
+            )
+        )
+    violations, tenures = ownership_violations(history)
+    assert not violations, violations[:5]
+    window = dt.timedelta(seconds=JOB_LEASE_S - MAX_TARGET_TIMEOUT_S - LEASE_MARGIN_S)
+    outside = [
+        d
+        for d in delivered
+        if not any(
+            t.owner == d.replica_id and t.start <= d.started_at and (t.end is None or d.started_at <= t.end + window)
+            for t in tenures.get(d.partition, [])
+        )
+    ]
+    assert not outside, f"{len(outside)} deliveries by a replica that did not own the partition: {outside[:3]}"
+    return tenures
+
+
+async def test_scaling_2_to_4_to_2_under_load_never_has_two_owners_and_loses_nothing(
+    engine: AsyncEngine, db_url: str, receiver: Receiver, procs: Processes
+) -> None:
+    await install_lease_history(engine)
     tenant, target = await make_tenant_and_target(engine, receiver.url(), timeout_s=MAX_TARGET_TIMEOUT_S)
     env = cluster_env(db_url)
     first = start_replicas(procs, env, "a1", "a2")
@@ -423,30 +460,7 @@ async def test_scaling_2_to_4_to_2_under_load_never_has_two_owners_and_loses_not
     await make_jobs_bulk(engine, tenant, target, 500)
     await deliveries_settled(engine, receiver, 2_500, "every job delivered")
 
-    async with engine.connect() as conn:
-        history = list(await conn.execute(text("SELECT * FROM lease_history ORDER BY id")))
-        delivered = list(
-            await conn.execute(
-                select(jobs.c.partition, runs.c.replica_id, runs.c.started_at)
-                .join(jobs, jobs.c.id == runs.c.job_id)
-                .where(runs.c.outcome == "success")
-            )
-        )
-    violations, tenures = ownership_violations(history)
-    assert not violations, violations[:5]
-    # Every delivery was claimed by the partition's owner of the time: it started within that
-    # replica's tenure, or within the claim's POST window after the tenure ended (a claim made
-    # just before a hand-over may still start its POST; after that window it is dropped unsent).
-    window = dt.timedelta(seconds=JOB_LEASE_S - MAX_TARGET_TIMEOUT_S - LEASE_MARGIN_S)
-    outside = [
-        d
-        for d in delivered
-        if not any(
-            t.owner == d.replica_id and t.start <= d.started_at and (t.end is None or d.started_at <= t.end + window)
-            for t in tenures.get(d.partition, [])
-        )
-    ]
-    assert not outside, f"{len(outside)} deliveries by a replica that did not own the partition: {outside[:3]}"
+    tenures = await assert_single_owner_history(engine)
     # The stopped replicas hold nothing, and handed back what they held at the stop (not left
     # to expire): the releases they logged are in the history, each ending a tenure of theirs.
     for name in first:
