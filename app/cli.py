@@ -150,9 +150,11 @@ def _serve(settings: Settings, run_services: bool) -> None:
     """`api` and `up`: this process serves the API (and for `up` runs the reaper, and the
     scheduler unless it has processes of its own); `--workers` adds API processes on the
     same listening socket, `--processes` scheduler processes."""
-    ensure_port_free(settings.host, settings.port, "--port or CRONHOOK_PORT")
-    _warn_if_egress_opened(settings)
     inherited = os.environ.pop(LISTEN_FD_ENV, None)
+    if inherited is None:
+        # A worker of `--workers` serves its parent's socket: the port is taken, by design.
+        ensure_port_free(settings.host, settings.port, "--port or CRONHOOK_PORT")
+    _warn_if_egress_opened(settings)
     sockets: list[socket.socket] | None = None
     children = _scheduler_children(settings) if run_services else []
     if inherited is not None:

@@ -14,7 +14,7 @@ whole loadgen run and divided by all its requests (warm-up included).
 
 --batch-items N also measures `POST /v1/jobs/batch` ({"jobs": [...]}, N jobs per request,
 --batch-connections at once) in jobs/s; when the endpoint answers 404/405 it is reported as
-skipped. --profile DIR records py-spy on cronhook during its single-create run.
+skipped. --profile DIR records py-spy on cronhook during its single-create run (and its batch run).
 
     .venv/bin/python bench/api_compare.py                          # cronhook api, 32 connections
     .venv/bin/python bench/api_compare.py --cronhook-cmd "cronhook up" --batch-items 1000
@@ -191,7 +191,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 result["runs"]["cronhook"] = fig
                 print(f"cronhook ({args.cronhook_cmd}): {fig}")
                 if args.batch_items:
+                    if args.profile:
+                        profiler = Profiler(Path(args.profile), "api-batch", service.pid)
                     result["batch"] = asyncio.run(batch_run(service, target_id, args, pg_pid))
+                    if profiler is not None:
+                        result["batch_profile"] = profiler.stop()
+                        profiler = None
                     print(f"cronhook batch: {result['batch']}")
             finally:
                 if profiler is not None:
@@ -229,10 +234,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run_bench("cronhook-api-compare-", lambda workdir: run(args, workdir))
-    profile = result.pop("profile", None)
-    if profile:
-        print_profile("cronhook during single creates", profile)
-        result["profile"] = {k: v for k, v in profile.items() if k != "inclusive_pct"}
+    for key, title in (("profile", "cronhook during single creates"), ("batch_profile", "cronhook during batches")):
+        profile = result.pop(key, None)
+        if profile:
+            print_profile(title, profile)
+            result[key] = {k: v for k, v in profile.items() if k != "inclusive_pct"}
     ratio = result.get("ratio_vs_ceiling", {})
     print(
         f"cronhook {result['runs'].get('cronhook', {}).get('creates_per_s')} creates/s = "

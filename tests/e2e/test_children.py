@@ -97,8 +97,10 @@ async def test_up_with_processes_and_workers_on_embedded_postgres(tmp_path: Path
     log = tmp_path / "up.log"
     port = free_port()
     key = "chk_e2e_children_bootstrap_key"
-    env = base_env(CRONHOOK_DATA_DIR=str(data_dir), CRONHOOK_BOOTSTRAP_API_KEY=key)
-    parent = start(["up", "--port", str(port), "--processes", "2", "--workers", "2"], env, log)
+    # The port from the environment, as in production: the API workers inherit it along with
+    # the listening socket, and must not take the socket's own port for a clash.
+    env = base_env(CRONHOOK_DATA_DIR=str(data_dir), CRONHOOK_BOOTSTRAP_API_KEY=key, CRONHOOK_PORT=str(port))
+    parent = start(["up", "--processes", "2", "--workers", "2"], env, log)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
             await wait_until_ready(http, timeout=90)
@@ -110,6 +112,7 @@ async def test_up_with_processes_and_workers_on_embedded_postgres(tmp_path: Path
                     "/v1/targets", json={"name": "t", "url": "http://127.0.0.1:9/h"}, headers=auth
                 )
                 assert response.status_code == 201, response.text
+            assert not events(log, "child_exited"), "a child process died"
         postmaster = data_dir / "pg" / "postmaster.pid"
         assert postmaster.exists()
         # Only the parent migrated.
