@@ -36,7 +36,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 
 from app.domain.fair_share import ClaimShares
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
-from app.store.tables import jobs, targets, tenants
+from app.store.tables import int_constant, jobs, targets, tenants
 
 # The most tenants one claim that skips full tenants looks at (the next claim starts at
 # another one).
@@ -55,7 +55,7 @@ def candidate_scans(conditions: list[ColumnElement[bool]], skipping_full: bool) 
         # One short index scan (ix_jobs_due) per level.
         scans = [
             select(*columns)
-            .where(*conditions, jobs.c.priority == level)
+            .where(*conditions, jobs.c.priority == int_constant(level))
             .order_by(jobs.c.run_at)
             .limit(limit)
             .with_for_update(skip_locked=True, of=jobs)
@@ -84,7 +84,7 @@ def candidate_scans(conditions: list[ColumnElement[bool]], skipping_full: bool) 
             .where(
                 *conditions,
                 jobs.c.tenant_id == page.c.id,
-                jobs.c.priority == level,
+                jobs.c.priority == int_constant(level),
                 jobs.c.target_id != all_(bindparam("full_targets", type_=_UUIDS)),
             )
             .order_by(jobs.c.run_at)

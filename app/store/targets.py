@@ -18,9 +18,9 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.signing import new_signing_secret
-from app.domain.states import TERMINAL_STATES
+from app.domain.states import TERMINAL_STATES, JobState
 from app.keyring import SIGNING_SECRET, open_sealed, seal, seal_headers
-from app.store.tables import jobs, targets
+from app.store.tables import jobs, state_in, targets
 
 # Everything but the secret: reads never return it.
 PUBLIC_COLUMNS = (
@@ -198,7 +198,9 @@ def _tokens_now() -> Any:
 def _in_flight() -> Any:
     running = jobs.alias("running")
     return (
-        select(func.count()).where(running.c.target_id == targets.c.id, running.c.state == "running").scalar_subquery()
+        select(func.count())
+        .where(running.c.target_id == targets.c.id, state_in([JobState.RUNNING], running.c.state))
+        .scalar_subquery()
     )
 
 
