@@ -31,6 +31,7 @@ from sqlalchemy import (
     literal,
     literal_column,
     select,
+    text,
     true,
     update,
 )
@@ -170,6 +171,14 @@ def _claim_limited_statement() -> Any:
     )
 
 
+# The scheduler's claim runs on its cached generic plan (index probes in due order, stopping
+# at `limit`). PostgreSQL would plan it afresh on every poll, because with a large table it
+# overestimates the generic plan (a `limit` it cannot see), though the plans are the same:
+# 4-7 ms of planning per claim, against 0.4 ms to run an idle claim. A round trip is cheaper.
+# (Not the claim that skips full tenants: its generic plan is worse, and it is rare.)
+_GENERIC_PLAN = text("SET LOCAL plan_cache_mode = force_generic_plan")
+
+
 def epochs_by_partition(held: dict[int, int]) -> list[int | None]:
     """The held epochs as the claim takes them: element `partition` is its epoch, None
     where the partition is not held."""
@@ -225,6 +234,8 @@ async def job_claim_batch(
         params["partitions"] = list(held)
         params["epoch_by_partition"] = epochs_by_partition(held)
     # Candidates stay row-locked until commit: no other claimer can take them meanwhile.
+    if held is not None and not skipping_full:
+        await conn.execute(_GENERIC_PLAN)
     rows = (await conn.execute(_claim_statement(held is not None, skipping_full), params)).mappings().all()
     db_now, next_due_at = rows[0]["db_now"], rows[0]["next_due_at"]
     leased = [row for row in rows if row["id"] is not None]
