@@ -410,11 +410,11 @@ idempotency_keys = Table(
 # $2)` or `priority = $3` turns the claim's index probes into sequential scans (90 ms where
 # the custom plan takes 6), so PostgreSQL plans every run afresh instead. Spelled as
 # constants, the text is still built once and the generic plan uses the indexes.
-def state_in(states: Iterable[JobState], column: Any = None) -> ColumnElement[bool]:
+def state_in(states: Iterable[JobState], column: ColumnElement[Any] | None = None) -> ColumnElement[bool]:
     """`column` (jobs.state by default) is one of `states`, the states written as constants."""
-    column = jobs.c.state if column is None else column
+    state_column: ColumnElement[Any] = jobs.c.state if column is None else column
     wanted = set(states)
-    return column.in_([literal_column(f"'{state.value}'") for state in JobState if state in wanted])
+    return state_column.in_([literal_column(f"'{state.value}'") for state in JobState if state in wanted])
 
 
 def int_constant(value: int) -> ColumnElement[Any]:
