@@ -9,6 +9,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import warnings
 from types import FrameType
 
 CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "schedules"})
@@ -29,6 +30,10 @@ def _share_metrics_between_processes() -> None:
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    # A stop this early can land between creating the role's main coroutine and running it:
+    # Python would then print "coroutine ... was never awaited" to stderr, a line that is not
+    # a log event. Nothing was started, so there is nothing to warn about.
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
     raise SystemExit(0)
 
 

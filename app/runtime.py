@@ -144,8 +144,12 @@ def run_role(
         finally:
             await runtime.stop()
 
+    main = runner()
     try:
-        event_loop.run(runner())
+        event_loop.run(main)
     except KeyRingError as exc:
         print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
         raise SystemExit(2) from None
+    finally:
+        # Never started when a stop came during start-up: closed, not left to warn at exit.
+        main.close()

@@ -19,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TypeVar
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.domain.quotas import TenantLimits
@@ -99,6 +100,17 @@ class Quotas:
         return None
 
     async def _refill(self, key_hash: str) -> _Chunk:
+        try:
+            return await self._refill_once(key_hash)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            # A pooled connection found dead (the database restarted or ended the session),
+            # as at the key look-up (app/api/deps.py): nothing was written on it, and the pool
+            # has dropped its connections from before, so once more on a fresh one.
+            return await self._refill_once(key_hash)
+
+    async def _refill_once(self, key_hash: str) -> _Chunk:
         now = time.monotonic()
         async with self._engine.begin() as conn:
             tenant_id = await api_key_tenant(conn, key_hash)

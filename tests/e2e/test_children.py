@@ -149,3 +149,6 @@ async def test_sigterm_while_the_children_are_starting_stops_them_with_exit_0(db
         ("scheduler-1", 0),
         ("scheduler-2", 0),
     ]
+    # Structured logs to the end: a stop during start-up prints nothing that is not an event
+    # (such as Python's "coroutine ... was never awaited").
+    assert all(json.loads(line) for line in log.read_text().splitlines() if line.strip())

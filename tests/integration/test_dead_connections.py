@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from app.db.engine import normalize_url
-from tests.conftest import make_target
+from tests.conftest import make_target, new_tenant
 from tests.receiver import wait_for
 
 
@@ -50,3 +50,15 @@ async def test_requests_succeed_after_the_pooled_connections_died(
     keyed = {**auth, "Idempotency-Key": "after-restart"}
     again = await client.post("/v1/jobs", json={"target_id": target["id"], "delay_s": 60}, headers=keyed)
     assert again.status_code == 201, again.text
+
+
+async def test_a_keys_first_request_succeeds_after_the_pooled_connections_died(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine, db_url: str
+) -> None:
+    assert (await client.get("/v1/jobs", headers=auth)).status_code == 200
+    # A key that has sent nothing yet: its first request reads the tenant's request quota on
+    # a pooled connection of its own, before the request's connection (app/api/quotas.py).
+    fresh = await new_tenant(engine)
+    assert await end_other_sessions(db_url) >= 1
+    listed = await client.get("/v1/jobs", headers=fresh)
+    assert listed.status_code == 200, listed.text
