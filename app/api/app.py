@@ -13,11 +13,12 @@ from typing import Any
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
 from app.api.contract import contract
 from app.api.errors import CatchAll, install_error_handlers, problem_response
+from app.api.lean_create import LeanCreate, replaying
 from app.api.observability import RequestObservability
 from app.api.quotas import Quotas
 from app.api.routes import (
@@ -119,6 +120,8 @@ def create_app(
     ):
         app.include_router(module.router)
     mount_console(app)
+    # Innermost: it sees the body once BodySizeLimit has bounded it.
+    app.add_middleware(LeanCreate)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES,
@@ -179,16 +182,7 @@ class BodySizeLimit:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(b"".join(chunks), receive), send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:
         response = problem_response(

@@ -20,6 +20,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from starlette.types import Scope
 
 from app.api.errors import Problem
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
@@ -87,8 +88,10 @@ def _too_many(detail: str, wait_s: float, slug: str) -> Problem:
 _UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="cronhook"'}
 
 
-def _address(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+def client_address(scope: Scope) -> str:
+    """Where a request came from: what failed authentications are counted against."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 async def admit_request(request: Request, quotas: QuotasDep, credentials: Credentials) -> str:
@@ -102,12 +105,18 @@ async def admit_request(request: Request, quotas: QuotasDep, credentials: Creden
             slug="unauthorized",
             headers=_UNAUTHORIZED,
         )
-    if (wait_s := quotas.auth_wait(_address(request))) is not None:
+    if (wait_s := quotas.auth_wait(client_address(request.scope))) is not None:
         raise _too_many("too many failed authentications from this address", wait_s, "auth-throttled")
     key = credentials.credentials
+    await admit_key(quotas, key)
+    return key
+
+
+async def admit_key(quotas: Quotas, key: str) -> None:
+    """429 unless the key's tenant may send another request (a key that cannot be one passes:
+    authentication refuses it next)."""
     if plausible_api_key(key) and (wait_s := await quotas.admit(key)) is not None:
         raise _too_many("request rate limit exceeded for this tenant", wait_s, "rate-limited")
-    return key
 
 
 AdmittedKey = Annotated[str, Depends(admit_request)]
@@ -133,11 +142,17 @@ async def _lookup(conn: AsyncConnection, key: str) -> KeyMatch | None:
         return await api_key_caller(conn, key)
 
 
-async def _authenticate(request: Request, conn: AsyncConnection, key: str, quotas: Quotas) -> KeyMatch:
+async def authenticate(address: str, conn: AsyncConnection, key: str, quotas: Quotas) -> KeyMatch:
+    """The caller of this key (401 for an unknown or revoked one, counted against `address`)."""
     caller = await _lookup(conn, key)
     if caller is None:
-        quotas.auth_failed(_address(request))
+        quotas.auth_failed(address)
         raise Problem(401, "invalid API key", slug="unauthorized", headers=_UNAUTHORIZED)
+    return caller
+
+
+async def _authenticate(request: Request, conn: AsyncConnection, key: str, quotas: Quotas) -> KeyMatch:
+    caller = await authenticate(client_address(request.scope), conn, key, quotas)
     request.state.caller = caller
     return caller
 

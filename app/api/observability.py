@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.ids import new_id
 from app.logs import REQUEST_ID, log_event
 from app.metrics import API_REQUESTS, API_SECONDS
 
@@ -35,7 +35,7 @@ class RequestObservability:
             await self.app(scope, receive, send)
             return
         given = dict(scope.get("headers", [])).get(HEADER)
-        request_id = given.decode() if given and _SANE_ID.match(given) else uuid.uuid4().hex
+        request_id = given.decode() if given and _SANE_ID.match(given) else new_id().hex
         token = REQUEST_ID.set(request_id)
         started = time.perf_counter()
         status = 500

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import operator
-import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from app.domain.job import NewJob
 from app.domain.occurrences import Recurrence
 from app.domain.partition import partition_for
 from app.domain.states import TERMINAL_STATES, JobState
+from app.ids import new_id, new_ids
 from app.store.job_rows import policy_columns, recurrence_columns, schedule_columns
 from app.store.tables import DEDUP_KEY_LIVE, audit_log, job_state, jobs, targets
 
@@ -224,14 +224,7 @@ class PreparedJob:
 
     @classmethod
     def of(cls, new: NewJob, payload: str | None = None, job_id: uuid.UUID | None = None) -> PreparedJob:
-        return cls(job_id or uuid.uuid4(), new, payload_json(new.payload) if payload is None else payload)
-
-
-def new_ids(count: int) -> list[uuid.UUID]:
-    """`count` random (version 4) UUIDs from one read of the OS's random source: uuid4()
-    reads it once per id, a system call each."""
-    random = os.urandom(16 * count)
-    return [uuid.UUID(bytes=random[i : i + 16], version=4) for i in range(0, 16 * count, 16)]
+        return cls(job_id or new_id(), new, payload_json(new.payload) if payload is None else payload)
 
 
 def _row(prepared: PreparedJob, occurrence_id: uuid.UUID | None = None) -> dict[str, Any]:
@@ -246,7 +239,7 @@ def _row(prepared: PreparedJob, occurrence_id: uuid.UUID | None = None) -> dict[
         **schedule_columns(new.schedule),
         "schedule_anchor_at": new.anchor_at or new.first_fire_at,
         "scheduled_for": new.first_fire_at,
-        "occurrence_id": occurrence_id or uuid.uuid4(),
+        "occurrence_id": occurrence_id or new_id(),
         **policy_columns(new.policy),
         "dedup_key": new.dedup_key,
         "parent_job_id": new.parent_job_id,

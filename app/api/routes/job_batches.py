@@ -24,7 +24,8 @@ from app.api.quota_checks import ensure_job_within_quotas, ensure_room_for_jobs
 from app.api.schemas.job_batches import JobBatchCreate, JobBatchResult
 from app.domain.job_plan import PlanError, plan_create
 from app.domain.schedule import ScheduleError
-from app.store.job_inserts import PreparedJob, job_create_many_checked, new_ids
+from app.ids import new_ids
+from app.store.job_inserts import PreparedJob, job_create_many_checked
 from app.store.targets import target_lock_live_many
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

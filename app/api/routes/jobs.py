@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.audit import Audited, request_id_of
 from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job
@@ -14,15 +15,18 @@ from app.api.deps import Conn, CreateConn, Creator, QuotasDep, SettingsDep, Tena
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.quota_checks import ensure_job_within_quotas
+from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public
 from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
 from app.domain.job_plan import plan_create
 from app.domain.states import JobState
+from app.settings import Settings
 from app.store import jobs as store
 from app.store.audit import audit_append
 from app.store.job_inserts import JobAudit, NotCreated, PreparedJob, job_create_checked
 from app.store.pagination import decode_int_cursor, decode_time_id_cursor, encode_cursor
 from app.store.runs import run_list_for_job
+from app.store.tenants import Caller as KeyMatch
 
 # The create writes its own audit row (with the job, see below); the other mutations carry
 # the `Audited` dependency, which would take a second connection here.
@@ -55,6 +59,22 @@ async def create_job(
             request_id=request_id_of(request),
         )
         return JSONResponse(replay.body, status_code=replay.status_code, headers={REPLAYED_HEADER: "true"})
+    job = await create_one(conn, creator, body, settings, quotas, request_id_of(request))
+    await idempotent.finish(201, job)
+    # Serialised here: the model was validated when built, FastAPI would validate it again.
+    return Response(job.model_dump_json(), status_code=201, media_type="application/json")
+
+
+async def create_one(
+    conn: AsyncConnection,
+    creator: KeyMatch,
+    body: JobCreate,
+    settings: Settings,
+    quotas: Quotas,
+    request_id: str | None,
+) -> JobPublic:
+    """The create itself, after authentication: this route's and the lean path's
+    (app/api/lean_create.py)."""
     payload = ensure_payload_fits(body.payload, settings)
     new = plan_create(body, creator.tenant_id, settings.default_retry_policy, creator.now)
     # Quotas: the tenant's limits and unfinished-job count are cached (app/api/quotas.py), so
@@ -62,14 +82,11 @@ async def create_job(
     await ensure_job_within_quotas(conn, quotas, creator.tenant_id, new.schedule, new.policy, creator.now)
     # The audit row is written by the same INSERT statement as the job (a data-modifying CTE):
     # still one round trip, and in autocommit the job and its audit row commit together.
-    audit = JobAudit(api_key_id=creator.api_key_id, request_id=request_id_of(request), action=CREATE_JOB)
+    audit = JobAudit(api_key_id=creator.api_key_id, request_id=request_id, action=CREATE_JOB)
     created = await job_create_checked(conn, creator.tenant_id, PreparedJob.of(new, payload), audit)
     if isinstance(created, NotCreated):
         raise not_created_problem(created)
-    job = job_public(created)
-    await idempotent.finish(201, job)
-    # Serialised here: the model was validated when built, FastAPI would validate it again.
-    return Response(job.model_dump_json(), status_code=201, media_type="application/json")
+    return job_public(created)
 
 
 def not_created_problem(reason: NotCreated, field_prefix: str = "") -> Problem:

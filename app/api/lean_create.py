@@ -1,0 +1,170 @@
+"""`POST /v1/jobs` answered without FastAPI's per-request machinery, for the usual request.
+
+A single create is the API's hottest request, and FastAPI's dependency solving, routing and
+exception wrapping cost it more CPU than its own work (bench/README.md, "The lean create").
+This ASGI middleware serves the common shape of that request itself: a bearer key, a JSON body
+that JobCreate accepts, no Idempotency-Key. It runs the route's own steps (admission, key
+look-up, `create_one` in app/api/routes/jobs.py) and answers errors with the app's own
+exception handlers, so a client cannot tell the two paths apart.
+
+Anything else (another header set, a body FastAPI would refuse, a throttled address) goes to
+the FastAPI route untouched, with its body replayed, before this path has had any effect: the
+route stays the reference and the published contract (OpenAPI). The point of no return is the
+request-rate admission, which counts the request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api.deps import admit_key, authenticate, client_address
+from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
+from app.api.routes.jobs import CREATE_JOB, create_one
+from app.api.schemas.jobs import JobCreate
+from app.logs import REQUEST_ID
+
+PATH = "/v1/jobs"
+_IDEMPOTENCY = IDEMPOTENCY_HEADER.lower().encode()
+_JSON = b"application/json"
+
+
+@dataclass(frozen=True)
+class _RouteName:
+    """What app/api/observability.py reads of `scope["route"]`: the template, for metrics and
+    the access line (the same as the FastAPI route's)."""
+
+    path: str
+    operation_id: str
+
+
+_ROUTE = _RouteName(PATH, CREATE_JOB)
+
+
+def _plain_request(scope: Scope) -> str | None:
+    """The bearer key of a request this path serves, else None."""
+    authorization = content_type = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            if authorization is not None:
+                return None
+            authorization = value
+        elif name == b"content-type":
+            content_type = value
+        elif name == _IDEMPOTENCY:
+            return None
+    if authorization is None or content_type is None:
+        return None
+    scheme, _, key = authorization.partition(b" ")
+    if scheme.lower() != b"bearer" or not key or b" " in key:
+        return None
+    media_type = content_type.split(b";", 1)[0].strip().lower()
+    if media_type != _JSON:
+        return None
+    try:
+        decoded: str = key.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return decoded
+
+
+def _body_model(body: bytes) -> JobCreate | None:
+    """The body as the route would validate it (json.loads, then the model), or None when the
+    route would answer 4xx: FastAPI words that answer."""
+    if not body:
+        return None
+    try:
+        return JobCreate.model_validate(json.loads(body))
+    except (ValueError, RecursionError, ValidationError):
+        # ValueError covers JSONDecodeError and Unicode errors.
+        return None
+
+
+class LeanCreate:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
+            await self.app(scope, receive, send)
+            return
+        key = _plain_request(scope)
+        if key is None:
+            await self.app(scope, receive, send)
+            return
+        body, receive = await _read_body(receive)
+        fastapi: FastAPI = scope["app"]
+        state = fastapi.state
+        model = _body_model(body)
+        if model is None or state.quotas.auth_wait(client_address(scope)) is not None:
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = _ROUTE
+        try:
+            response = await self._create(scope, key, model, state)
+        except Exception as exc:
+            handler = _handler_for(fastapi, exc)
+            if handler is None:
+                raise
+            response = await handler(Request(scope, receive), exc)
+        await response(scope, receive, send)
+
+    async def _create(self, scope: Scope, key: str, model: JobCreate, state: Any) -> Response:
+        quotas = state.quotas
+        await admit_key(quotas, key)
+        # As the route's CreateConn: autocommit, and the connection is back in the pool before
+        # the response is sent.
+        async with state.engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            creator = await authenticate(client_address(scope), conn, key, quotas)
+            job = await create_one(conn, creator, model, state.settings, quotas, REQUEST_ID.get())
+        return Response(job.model_dump_json(), status_code=201, media_type="application/json")
+
+
+def _handler_for(app: FastAPI, exc: Exception) -> Any:
+    """The app's handler for this exception (Problem, ScheduleError, PlanError...), as
+    Starlette's ExceptionMiddleware would choose it; None for the unexpected, which CatchAll
+    (app/api/errors.py) answers."""
+    for cls in type(exc).__mro__:
+        if cls is Exception:
+            return None
+        handler = app.exception_handlers.get(cls)
+        if handler is not None:
+            return handler
+    return None
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
+    """The whole body (BodySizeLimit, outside, has bounded it), and a `receive` that gives it
+    again to whoever handles the request next."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    return body, replaying(body, receive)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives `body` (read already) once more, then defers to `receive`."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

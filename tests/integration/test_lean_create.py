@@ -1,0 +1,212 @@
+"""The lean `POST /v1/jobs` (app/api/lean_create.py) answers exactly as the FastAPI route does.
+
+Each request goes to two apps on one database: the service as built, and the same app without
+the lean path (only the route). Their answers must match in status, content type, the headers
+a client acts on, and body (ids and times aside); the lean path must have served the requests
+it is meant for, and left the others to the route.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.api.app import create_app
+from app.api.lean_create import LeanCreate
+from app.settings import Settings
+from app.store.tables import api_keys, audit_log, jobs
+from app.store.tenants import hash_api_key
+from tests.conftest import make_target, new_tenant
+
+ADMIN_KEY = "admin-key-for-lean-create-tests"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+# What differs between two correct answers: new ids, and the moments of creation.
+JSON = "application/json"
+VOLATILE = frozenset({"id", "created_at", "updated_at"})
+
+
+@pytest.fixture
+async def apps(
+    settings: Settings, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]]]:
+    """(the service's client, a client of the route alone, the paths the lean path served)."""
+    settings.admin_api_key = SecretStr(ADMIN_KEY)
+    settings.max_payload_bytes = 2048
+    served: list[str] = []
+    original = LeanCreate._create
+
+    async def counting(self: LeanCreate, scope: Any, *args: Any) -> Any:
+        served.append(scope["path"])
+        return await original(self, scope, *args)
+
+    monkeypatch.setattr(LeanCreate, "_create", counting)
+    lean = create_app(settings, engine=engine)
+    route_only = create_app(settings, engine=engine)
+    route_only.user_middleware = [m for m in route_only.user_middleware if m.cls is not LeanCreate]
+    assert len(route_only.user_middleware) == len(lean.user_middleware) - 1
+    clients = [
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test")
+        for app in (lean, route_only)
+    ]
+    async with clients[0] as first, clients[1] as second:
+        yield first, second, served
+
+
+def _comparable(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    if isinstance(body, dict):
+        body = {key: value for key, value in body.items() if key not in VOLATILE}
+    return {
+        "status": response.status_code,
+        "content-type": response.headers.get("content-type"),
+        "www-authenticate": response.headers.get("www-authenticate"),
+        "retry-after": "Retry-After" in response.headers,
+        "body": body,
+    }
+
+
+async def _both(
+    apps: tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]], **request: Any
+) -> tuple[dict[str, Any], bool]:
+    """Sends the request to both apps; (the lean app's answer, whether the lean path served it)."""
+    lean, route_only, served = apps
+    before = len(served)
+    first = await lean.post("/v1/jobs", **request)
+    second = await route_only.post("/v1/jobs", **request)
+    assert len(served) == before or len(served) == before + 1
+    assert _comparable(first) == _comparable(second), (first.text, second.text)
+    return _comparable(first), len(served) > before
+
+
+async def test_the_lean_path_and_the_route_answer_alike(
+    apps: tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]], engine: AsyncEngine
+) -> None:
+    lean, _, _ = apps
+    auth = await new_tenant(engine)
+    target = await make_target(lean, auth, "http://127.0.0.1:9/hook")
+    run_at = (dt.datetime.now(dt.UTC) + dt.timedelta(days=2)).replace(microsecond=0).isoformat()
+
+    def job(**fields: Any) -> dict[str, Any]:
+        return {"target_id": target["id"], "payload": {"n": 1}, "run_at": run_at, **fields}
+
+    revoked = await new_tenant(engine)
+    other_tenant = await new_tenant(engine)
+    foreign = await make_target(lean, other_tenant, "http://127.0.0.1:9/other")
+    async with engine.begin() as conn:
+        revoked_hash = hash_api_key(revoked["Authorization"].removeprefix("Bearer "))
+        await conn.execute(update(api_keys).where(api_keys.c.key_hash == revoked_hash).values(revoked_at=func.now()))
+    lean_cases: list[tuple[str, dict[str, Any], int]] = [
+        ("one-off", {"json": job(), "headers": auth}, 201),
+        (
+            "cron in a zone",
+            {"json": job(run_at=None, cron="30 7 * * 1-5", timezone="Europe/Berlin"), "headers": auth},
+            201,
+        ),
+        (
+            "every, from start_at",
+            {"json": job(run_at=None, every_s=90, start_at=run_at, priority=3, max_attempts=4), "headers": auth},
+            201,
+        ),
+        ("charset", {"json": job(), "headers": {**auth, "Content-Type": "application/json; charset=utf-8"}}, 201),
+        ("unknown target", {"json": job(target_id=str(uuid.uuid4())), "headers": auth}, 422),
+        ("another tenant's target", {"json": job(target_id=foreign["id"]), "headers": auth}, 422),
+        ("bad cron", {"json": job(run_at=None, cron="61 * * * *"), "headers": auth}, 422),
+        ("bad zone", {"json": job(run_at=None, cron="0 9 * * *", timezone="Mars/Olympus"), "headers": auth}, 422),
+        ("payload over the limit", {"json": job(payload={"x": "y" * 3000}), "headers": auth}, 413),
+        ("unknown key", {"json": job(), "headers": {"Authorization": "Bearer chk_not_a_real_key_at_all_000"}}, 401),
+        ("revoked key", {"json": job(), "headers": revoked}, 401),
+        # The model accepts these; planning the job refuses them (PlanError's handler).
+        ("two schedules", {"json": job(delay_s=5), "headers": auth}, 422),
+        ("no schedule", {"json": {"target_id": target["id"], "payload": {}}, "headers": auth}, 422),
+    ]
+    for name, request, status in lean_cases:
+        answer, served = await _both(apps, **request)
+        assert answer["status"] == status, (name, answer)
+        assert served, f"{name}: the lean path should have served this request"
+
+    route_cases: list[tuple[str, dict[str, Any], int]] = [
+        ("no key", {"json": job()}, 401),
+        ("another scheme", {"json": job(), "headers": {"Authorization": "Basic dXNlcjpwdw=="}}, 401),
+        (
+            "malformed JSON",
+            {"content": b'{"target_id": ', "headers": {**auth, "Content-Type": "application/json"}},
+            400,
+        ),
+        ("not JSON", {"content": b"target_id=1", "headers": {**auth, "Content-Type": "text/plain"}}, 422),
+        ("unknown field", {"json": job(colour="red"), "headers": auth}, 422),
+    ]
+    for name, request, status in route_cases:
+        answer, served = await _both(apps, **request)
+        assert answer["status"] == status, (name, answer)
+        assert not served, f"{name}: the route should have answered this request"
+
+
+async def test_dedup_conflicts_and_audit_rows_match(
+    apps: tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]], engine: AsyncEngine
+) -> None:
+    lean, route_only, served = apps
+    auth = await new_tenant(engine)
+    target = await make_target(lean, auth, "http://127.0.0.1:9/hook")
+    body = {"target_id": target["id"], "payload": {}, "delay_s": 3600, "dedup_key": "nightly"}
+    created = await lean.post("/v1/jobs", json=body, headers={**auth, "X-Request-Id": "lean-1"})
+    assert created.status_code == 201 and served == ["/v1/jobs"]
+    # The holder of the key is named alike by both.
+    answer, _ = await _both(apps, json=body, headers=auth)
+    assert answer["status"] == 409 and answer["body"]["job_id"] == created.json()["id"]
+    # One job, and its audit row (with the request id) written with it, as the route does.
+    async with engine.connect() as conn:
+        assert await conn.scalar(select(func.count()).select_from(jobs).where(jobs.c.dedup_key == "nightly")) == 1
+        row = (await conn.execute(select(audit_log).where(audit_log.c.object_id == created.json()["id"]))).one()
+    assert (row.action, row.request_id, row.actor) == ("createJob", "lean-1", "api_key")
+    # The request id is echoed, as on every answer.
+    again = await route_only.post("/v1/jobs", json={**body, "dedup_key": "other"}, headers=auth)
+    assert again.status_code == 201 and again.headers["x-request-id"]
+
+
+async def test_an_idempotency_key_goes_to_the_route_and_rate_limits_hold_on_both(
+    apps: tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]], engine: AsyncEngine
+) -> None:
+    lean, route_only, served = apps
+    auth = await new_tenant(engine)
+    target = await make_target(lean, auth, "http://127.0.0.1:9/hook")
+    body = {"target_id": target["id"], "payload": {}, "delay_s": 60}
+    keyed = {**auth, "Idempotency-Key": "create-once"}
+    first = await lean.post("/v1/jobs", json=body, headers=keyed)
+    replay = await lean.post("/v1/jobs", json=body, headers=keyed)
+    assert first.status_code == replay.status_code == 201 and served == []
+    assert replay.headers["Idempotent-Replayed"] == "true" and replay.json()["id"] == first.json()["id"]
+
+    # One tenant per app, each allowed 1 request/s: both refuse alike once the burst is spent.
+    def limited(client: httpx.AsyncClient) -> Callable[[], Any]:
+        async def tenant() -> dict[str, str]:
+            name = f"limited-{uuid.uuid4().hex[:8]}"
+            key = (await client.post(f"/v1/admin/tenants/{name}/api-keys", headers=ADMIN)).json()["key"]
+            limits = await client.put(f"/v1/admin/tenants/{name}/limits", json={"requests_per_s": 1}, headers=ADMIN)
+            assert limits.status_code == 200, limits.text
+            return {"Authorization": f"Bearer {key}"}
+
+        return tenant
+
+    refusals = []
+    for client in (lean, route_only):
+        tenant_auth = await limited(client)()
+        tenant_target = await make_target(client, tenant_auth, "http://127.0.0.1:9/hook")
+        job = {**body, "target_id": tenant_target["id"]}
+        for _ in range(20):
+            response = await client.post("/v1/jobs", json=job, headers=tenant_auth)
+            if response.status_code == 429:
+                refusals.append(_comparable(response))
+                break
+            assert response.status_code == 201, response.text
+        else:
+            pytest.fail("20 creates in a row at 1 request/s were all admitted")
+    assert refusals[0]["body"]["type"] == "urn:cronhook:problem:rate-limited" and refusals[0]["retry-after"]
+    assert refusals[0] == refusals[1]
