@@ -427,8 +427,15 @@ def _frame_key(frame: str) -> str:
 
 
 # Leaf frames of threads that are waiting, not running (py-spy's idle detection misses them
-# here): idle thread-pool workers and the event loop's poll for I/O.
-IDLE_LEAVES = ("Condition.wait", "EpollSelector.select", "Event.wait", "Thread._wait_for_tstate_lock")
+# here): idle thread-pool workers, the event loop's poll for I/O, and a child's watch of its
+# parent's pipe (a blocking read, app/processes.py).
+IDLE_LEAVES = (
+    "Condition.wait",
+    "EpollSelector.select",
+    "Event.wait",
+    "Thread._wait_for_tstate_lock",
+    "_watch_pipe",
+)
 
 
 def _area(frame: str) -> str:

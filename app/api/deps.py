@@ -18,13 +18,13 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.types import Scope
 
 from app.api.errors import Problem
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from app.api.quotas import Quotas
+from app.db.errors import once_more_if_dead
 from app.settings import Settings
 from app.store.tenants import Caller as KeyMatch
 from app.store.tenants import api_key_caller, plausible_api_key
@@ -126,20 +126,17 @@ async def _lookup(conn: AsyncConnection, key: str) -> KeyMatch | None:
     # One indexed lookup by hash on every request, no cache: a revoked key fails at once.
     if not plausible_api_key(key):
         return None
-    try:
-        return await api_key_caller(conn, key)
-    except DBAPIError as exc:
-        if not exc.connection_invalidated:
-            raise
-        # The pooled connection was dead (the database restarted). Nothing was done on it
-        # yet: end its transaction, which lets the next statement take a fresh connection
-        # (keeping this connection's isolation level), and ask again.
+
+    async def fresh_connection() -> None:
+        # End the dead connection's transaction, which lets the next statement take a fresh
+        # connection, keeping this connection's isolation level.
         assert conn.sync_connection is not None
         level = conn.sync_connection.get_execution_options().get("isolation_level")
         await conn.rollback()
         if level is not None:
             await conn.execution_options(isolation_level=level)
-        return await api_key_caller(conn, key)
+
+    return await once_more_if_dead(lambda: api_key_caller(conn, key), fresh_connection)
 
 
 async def authenticate(address: str, conn: AsyncConnection, key: str, quotas: Quotas) -> KeyMatch:

@@ -19,9 +19,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db.errors import once_more_if_dead
 from app.domain.quotas import TenantLimits
 from app.settings import Settings, copy_settings
 from app.store.quotas import api_rate_take, tenant_count_active_jobs, tenant_limits_get
@@ -100,15 +100,8 @@ class Quotas:
         return None
 
     async def _refill(self, key_hash: str) -> _Chunk:
-        try:
-            return await self._refill_once(key_hash)
-        except DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-            # A pooled connection found dead (the database restarted or ended the session),
-            # as at the key look-up (app/api/deps.py): nothing was written on it, and the pool
-            # has dropped its connections from before, so once more on a fresh one.
-            return await self._refill_once(key_hash)
+        # As at the key look-up (app/api/deps.py): a dead pooled connection costs no request.
+        return await once_more_if_dead(lambda: self._refill_once(key_hash))
 
     async def _refill_once(self, key_hash: str) -> _Chunk:
         now = time.monotonic()

@@ -3,8 +3,13 @@ the background services' loops, start-up, the outcome recorder and the API (a 50
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+T = TypeVar("T")
 
 # Errors that mean "the database is unreachable right now": back off and try again.
 # Other DBAPIErrors (an IntegrityError, say) are bugs and must not be dressed up as outages.
@@ -67,3 +72,21 @@ def outage_reason(exc: BaseException) -> str:
         # driver reports it closed, with no SQLSTATE.
         return "the connection to the database failed (closed by the server or the network)"
     return f"the database is unreachable ({type(exc).__name__})"
+
+
+async def once_more_if_dead(
+    attempt: Callable[[], Awaitable[T]], before_retry: Callable[[], Awaitable[None]] | None = None
+) -> T:
+    """`attempt()`, tried once more when the pooled connection it ran on turned out dead (the
+    database restarted or ended the session; no pre-ping, see app/db/engine.py). Only for an
+    attempt whose first statement is a read: nothing was done on the dead connection, and the
+    pool has dropped the connections from before. `before_retry` readies the retry (a fresh
+    connection for the same AsyncConnection)."""
+    try:
+        return await attempt()
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+    if before_retry is not None:
+        await before_retry()
+    return await attempt()
