@@ -33,11 +33,12 @@ JSON = "application/json"
 VOLATILE = frozenset({"id", "created_at", "updated_at"})
 
 
+# The service's client, a client of the route alone, and the paths the lean path served.
+Apps = tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]]
+
+
 @pytest.fixture
-async def apps(
-    settings: Settings, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]]]:
-    """(the service's client, a client of the route alone, the paths the lean path served)."""
+async def apps(settings: Settings, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Apps]:
     settings.admin_api_key = SecretStr(ADMIN_KEY)
     settings.max_payload_bytes = 2048
     served: list[str] = []
@@ -73,9 +74,7 @@ def _comparable(response: httpx.Response) -> dict[str, Any]:
     }
 
 
-async def _both(
-    apps: tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]], **request: Any
-) -> tuple[dict[str, Any], bool]:
+async def _both(apps: Apps, **request: Any) -> tuple[dict[str, Any], bool]:
     """Sends the request to both apps; (the lean app's answer, whether the lean path served it)."""
     lean, route_only, served = apps
     before = len(served)
@@ -86,12 +85,14 @@ async def _both(
     return _comparable(first), len(served) > before
 
 
-async def test_the_lean_path_and_the_route_answer_alike(
-    apps: tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]], engine: AsyncEngine
-) -> None:
-    lean, _, _ = apps
+async def _tenant_with_target(client: httpx.AsyncClient, engine: AsyncEngine) -> tuple[dict[str, str], dict[str, Any]]:
     auth = await new_tenant(engine)
-    target = await make_target(lean, auth, "http://127.0.0.1:9/hook")
+    return auth, await make_target(client, auth, "http://127.0.0.1:9/hook")
+
+
+async def test_the_lean_path_and_the_route_answer_alike(apps: Apps, engine: AsyncEngine) -> None:
+    lean, _, _ = apps
+    auth, target = await _tenant_with_target(lean, engine)
     run_at = (dt.datetime.now(dt.UTC) + dt.timedelta(days=2)).replace(microsecond=0).isoformat()
 
     def job(**fields: Any) -> dict[str, Any]:
@@ -149,12 +150,9 @@ async def test_the_lean_path_and_the_route_answer_alike(
         assert not served, f"{name}: the route should have answered this request"
 
 
-async def test_dedup_conflicts_and_audit_rows_match(
-    apps: tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]], engine: AsyncEngine
-) -> None:
+async def test_dedup_conflicts_and_audit_rows_match(apps: Apps, engine: AsyncEngine) -> None:
     lean, route_only, served = apps
-    auth = await new_tenant(engine)
-    target = await make_target(lean, auth, "http://127.0.0.1:9/hook")
+    auth, target = await _tenant_with_target(lean, engine)
     body = {"target_id": target["id"], "payload": {}, "delay_s": 3600, "dedup_key": "nightly"}
     created = await lean.post("/v1/jobs", json=body, headers={**auth, "X-Request-Id": "lean-1"})
     assert created.status_code == 201 and served == ["/v1/jobs"]
@@ -172,11 +170,10 @@ async def test_dedup_conflicts_and_audit_rows_match(
 
 
 async def test_an_idempotency_key_goes_to_the_route_and_rate_limits_hold_on_both(
-    apps: tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]], engine: AsyncEngine
+    apps: Apps, engine: AsyncEngine
 ) -> None:
     lean, route_only, served = apps
-    auth = await new_tenant(engine)
-    target = await make_target(lean, auth, "http://127.0.0.1:9/hook")
+    auth, target = await _tenant_with_target(lean, engine)
     body = {"target_id": target["id"], "payload": {}, "delay_s": 60}
     keyed = {**auth, "Idempotency-Key": "create-once"}
     first = await lean.post("/v1/jobs", json=body, headers=keyed)
