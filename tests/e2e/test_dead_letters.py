@@ -55,8 +55,10 @@ async def test_inspect_filter_replay_and_delete(
     assert [d["job_id"] for d in await letters(client, auth, status_code=500)] == [other_job["id"]]
     assert len(await letters(client, auth, since=before.isoformat())) == 3
     assert await letters(client, auth, until=before.isoformat()) == []
-    bad = await client.get("/v1/dead-letters", params={"since": "yesterday"}, headers=auth)
-    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "since"
+    # Not a date-time, and a number (which lax parsing would take as Unix time): refused.
+    for since in ("yesterday", "0.7789961795816632", "1767225600"):
+        bad = await client.get("/v1/dead-letters", params={"since": since}, headers=auth)
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "since", since
 
     (letter,) = await letters(client, auth, status_code=500)
     detail = (await client.get(f"/v1/dead-letters/{letter['id']}", headers=auth)).json()

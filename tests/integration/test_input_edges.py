@@ -262,3 +262,21 @@ async def test_numbers_and_booleans_must_be_json_numbers_and_booleans(
     assert field in response["detail"]
     # Nothing written: no target, job, run, dead letter or idempotency key.
     assert await row_counts(engine) == before
+
+
+@pytest.mark.parametrize("field", ["run_at", "start_at", "end_at"])
+@pytest.mark.parametrize("value", [1767225600, 1767225600.5, "1767225600", True, "2030-01-01"])
+async def test_a_date_time_must_be_rfc_3339_text_not_unix_time(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine, field: str, value: Any
+) -> None:
+    """The schema says a date-time string; lax parsing would have taken a number as Unix time."""
+    target = await make_target(client, auth, "http://127.0.0.1:9/hook")
+    schedule = {"run_at": value} if field == "run_at" else {"every_s": 60, field: value}
+    before = await row_counts(engine)
+    response = await client.post("/v1/jobs", json={"target_id": target["id"], "payload": {}, **schedule}, headers=auth)
+    await problem(response, 422, field)
+    assert await row_counts(engine) == before
+    batch = await client.post(
+        "/v1/jobs/batch", json={"jobs": [{"target_id": target["id"], "payload": {}, **schedule}]}, headers=auth
+    )
+    await problem(batch, 422, f"jobs[0].{field}")

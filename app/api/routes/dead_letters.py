@@ -7,7 +7,6 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response
-from pydantic import AwareDatetime
 from sqlalchemy.engine import RowMapping
 
 from app.api.audit import Audited
@@ -23,6 +22,7 @@ from app.api.schemas.dead_letters import (
     DeadLetterReplay,
     ReplayedJob,
 )
+from app.api.schemas.inputs import Timestamp
 from app.api.schemas.jobs import JobPublic, RunPublic, job_public
 from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
 from app.domain.job import NewJob
@@ -44,8 +44,8 @@ async def list_dead_letters(
     conn: Conn,
     job_id: uuid.UUID | None = None,
     target_id: uuid.UUID | None = None,
-    since: Annotated[AwareDatetime | None, Query(description="created at or after (RFC 3339)")] = None,
-    until: Annotated[AwareDatetime | None, Query(description="created before (RFC 3339)")] = None,
+    since: Annotated[Timestamp | None, Query(description="created at or after (RFC 3339)")] = None,
+    until: Annotated[Timestamp | None, Query(description="created before (RFC 3339)")] = None,
     status_code: Annotated[int | None, Query(ge=100, le=599, description="last HTTP status")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,

@@ -6,9 +6,9 @@ import datetime as dt
 import uuid
 from typing import Annotated
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, Field, JsonValue
 
-from app.api.schemas.inputs import RequestModel, check_json_payload
+from app.api.schemas.inputs import RequestModel, Timestamp, check_json_payload
 from app.api.schemas.jobs import RunPublic
 
 
@@ -35,8 +35,8 @@ class DeadLetterBulkReplay(RequestModel):
 
     job_id: uuid.UUID | None = None
     target_id: uuid.UUID | None = None
-    since: AwareDatetime | None = Field(default=None, description="created at or after")
-    until: AwareDatetime | None = Field(default=None, description="created before")
+    since: Timestamp | None = Field(default=None, description="created at or after")
+    until: Timestamp | None = Field(default=None, description="created before")
     status_code: Annotated[int | None, Field(strict=True, ge=100, le=599, description="last HTTP status")] = None
     include_replayed: bool = Field(default=False, strict=True, description="also those replayed before")
     limit: Annotated[int, Field(strict=True, ge=1, le=1000)] = 100

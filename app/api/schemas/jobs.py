@@ -6,9 +6,9 @@ import datetime as dt
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, Field, JsonValue, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, Field, JsonValue, WithJsonSchema
 
-from app.api.schemas.inputs import PlainText, RequestModel, check_json_payload
+from app.api.schemas.inputs import PlainText, RequestModel, Timestamp, check_json_payload
 from app.domain.job import RunOutcome
 from app.domain.occurrences import (
     DEFAULT_CATCH_UP_LIMIT,
@@ -37,7 +37,7 @@ class JobCreate(RequestModel):
     backoff_base_s: Annotated[float | None, Field(strict=True, gt=0, le=86400)] = None
     backoff_max_s: Annotated[float | None, Field(strict=True, gt=0, le=7 * 86400)] = None
     backoff_factor: Annotated[float | None, Field(strict=True, ge=1, le=10)] = None
-    run_at: AwareDatetime | None = Field(default=None, description="RFC 3339 timestamp with offset")
+    run_at: Timestamp | None = Field(default=None, description="RFC 3339 timestamp with offset")
     delay_s: Annotated[float | None, Field(strict=True, gt=0, le=MAX_DELAY_S)] = None
     cron: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = None
     timezone: Annotated[PlainText | None, Field(min_length=1, max_length=64)] = Field(
@@ -69,8 +69,8 @@ class JobCreate(RequestModel):
         description="Fire times that come due while an occurrence is in flight: forbid (default: skipped) or allow "
         "(each fires on time; its delivery is carried by a one-off child job, see parent_job_id)",
     )
-    start_at: AwareDatetime | None = Field(default=None, description="No fire time before this")
-    end_at: AwareDatetime | None = Field(default=None, description="No fire time after this; then the job ends")
+    start_at: Timestamp | None = Field(default=None, description="No fire time before this")
+    end_at: Timestamp | None = Field(default=None, description="No fire time after this; then the job ends")
     max_runs: Annotated[int | None, Field(strict=True, ge=1, le=10**9)] = Field(
         default=None, description="End the job after this many delivered occurrences"
     )
