@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import operator
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.type_api import TypeEngine
 
+from app.db.driver import DriverStatement, driver_fetch_one
 from app.domain.job import NewJob
 from app.domain.occurrences import Recurrence
 from app.domain.partition import partition_for
@@ -191,6 +192,8 @@ def _build_create_one() -> Any:
 # Built once: every create hits SQLAlchemy's compiled cache and asyncpg's prepared statements.
 _INSERT_MANY = _build_insert_many()
 _CREATE_ONE = _build_create_one()
+# The API's single create runs on the driver's connection (app/db/driver.py).
+_CREATE_ONE_ON_DRIVER = DriverStatement(_CREATE_ONE)
 _CREATE_MANY = _build_create_checked([jobs.c.id])
 _LIVE_TARGETS = select(targets.c.id).where(
     targets.c.id == any_(bindparam("target_ids", type_=ARRAY(_UUID))),
@@ -297,7 +300,7 @@ class JobAudit:
 
 async def job_create_checked(
     conn: AsyncConnection, tenant_id: uuid.UUID, job: PreparedJob, audit: JobAudit
-) -> RowMapping | NotCreated:
+) -> Mapping[str, Any] | NotCreated:
     """Creates one job of the tenant and its audit row in one statement, or says why not
     (nothing written)."""
     parameters = {
@@ -308,7 +311,7 @@ async def job_create_checked(
         "audit_request_id": audit.request_id,
     }
     for _ in range(_CREATE_TRIES):
-        row = (await conn.execute(_CREATE_ONE, parameters)).mappings().one_or_none()
+        row = await driver_fetch_one(conn, _CREATE_ONE_ON_DRIVER, parameters)
         if row is not None:
             return row
         reasons = await _why_not_created(conn, tenant_id, [job])

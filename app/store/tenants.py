@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.driver import DriverStatement, driver_fetch_one
 from app.store.tables import api_keys, tenants
 
 API_KEY_PREFIX = "chk_"
@@ -148,11 +149,14 @@ _AUTHENTICATE = select(api_keys.c.tenant_id, api_keys.c.id, func.now().label("no
 )
 
 
+_AUTHENTICATE_ON_DRIVER = DriverStatement(_AUTHENTICATE)
+
+
 async def api_key_caller(conn: AsyncConnection, key: str) -> Caller | None:
     """The tenant and key id of this key with the database's now(), or None for an unknown or
     revoked key. Never cached: a revocation holds for the next request on every replica."""
-    row = (await conn.execute(_AUTHENTICATE, {"key_hash": hash_api_key(key)})).one_or_none()
-    return None if row is None else Caller(row.tenant_id, row.id, row.now)
+    row = await driver_fetch_one(conn, _AUTHENTICATE_ON_DRIVER, {"key_hash": hash_api_key(key)})
+    return None if row is None else Caller(row["tenant_id"], row["id"], row["now"])
 
 
 async def api_key_tenant(conn: AsyncConnection, key_hash: str) -> uuid.UUID | None:

@@ -1,0 +1,122 @@
+"""The API's hottest statements, run on the asyncpg connection under SQLAlchemy's pooled one.
+
+SQLAlchemy's execution of a statement (compiled-cache look-up, parameter processing, cursor
+and result wrappers, a greenlet hop each way) costs about 75 µs of CPU here, as much as
+asyncpg's own work; a single create runs two statements (bench/README.md, "The lean create").
+A `DriverStatement` is compiled once, per dialect, to its SQL and positional parameter order;
+each call hands the values to asyncpg, which keeps the prepared statement per connection.
+
+What SQLAlchemy does around a statement stays as it was:
+- the connection is SQLAlchemy's pooled one, checked out and returned as usual;
+- only in autocommit: inside a transaction the statement goes through SQLAlchemy, which
+  opens the transaction on first use;
+- the result has the same values (the few columns with a result processor, such as an
+  enum, get it);
+- a driver error goes through SQLAlchemy's own handler: it arrives as the same DBAPIError,
+  and a dead connection invalidates the pool as it would (app/db/errors.py relies on both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn, cast
+
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.expression import Executable
+from sqlalchemy.util import greenlet_spawn
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    # Per positional parameter: its name, and its value when the statement fixes it (a literal).
+    parameters: tuple[tuple[str, Any, bool], ...]
+    keys: tuple[str, ...]
+    # (column index, processor) for the columns whose values SQLAlchemy converts.
+    processors: tuple[tuple[int, Callable[[Any], Any]], ...]
+
+    def arguments(self, values: Mapping[str, Any]) -> list[Any]:
+        return [fixed if is_fixed else values[name] for name, fixed, is_fixed in self.parameters]
+
+    def row(self, record: Any) -> dict[str, Any]:
+        values = list(record)
+        for index, process in self.processors:
+            values[index] = process(values[index])
+        return dict(zip(self.keys, values, strict=True))
+
+
+class DriverStatement:
+    """A statement built once with bind parameters, runnable by `driver_fetch_one`."""
+
+    def __init__(self, statement: Executable) -> None:
+        self.statement = statement
+        self._compiled: dict[type[Dialect], _Compiled] = {}
+
+    def compiled(self, dialect: Dialect, oids: list[int]) -> _Compiled:
+        compiled = dialect.statement_compiler(dialect, self.statement)  # type: ignore[arg-type]
+        positions = compiled.positiontup or []
+        parameters = []
+        for name in positions:
+            bind = compiled.binds[name]
+            if bind.expanding or compiled._bind_processors.get(name) is not None:
+                raise ValueError(f"{name}: expanding or processed parameters are not supported here")
+            fixed = not bind.required
+            parameters.append((name, bind.effective_value if fixed else None, fixed))
+        columns = compiled._result_columns
+        processors = []
+        for index, (entry, oid) in enumerate(zip(columns, oids, strict=True)):
+            process = entry.type._cached_result_processor(dialect, oid)
+            if process is not None:
+                processors.append((index, process))
+        return _Compiled(compiled.string, tuple(parameters), tuple(e.keyname for e in columns), tuple(processors))
+
+    async def prepared(self, dialect: Dialect, driver: Any) -> _Compiled:
+        found = self._compiled.get(type(dialect))
+        if found is None:
+            # The column types (for the result processors) come from the server, once.
+            sql = dialect.statement_compiler(dialect, self.statement).string  # type: ignore[arg-type]
+            oids = [attribute.type.oid for attribute in (await driver.prepare(sql)).get_attributes()]
+            found = self._compiled[type(dialect)] = self.compiled(dialect, oids)
+        return found
+
+
+async def driver_fetch_one(
+    conn: AsyncConnection, statement: DriverStatement, values: Mapping[str, Any]
+) -> Mapping[str, Any] | None:
+    """The statement's one row (or None), as `conn.execute(...).mappings().one_or_none()`."""
+    sync = conn.sync_connection
+    if sync is None or sync.closed or sync.invalidated:
+        pooled = await conn.get_raw_connection()
+    else:
+        pooled = sync.connection  # checked out already: no I/O
+    adapted = pooled.dbapi_connection
+    if adapted is None or not getattr(adapted, "autocommit", False):
+        return cast(
+            "Mapping[str, Any] | None", (await conn.execute(statement.statement, values)).mappings().one_or_none()
+        )
+    driver = pooled.driver_connection
+    assert driver is not None
+    try:
+        compiled = await statement.prepared(conn.dialect, driver)
+        arguments = compiled.arguments(values)
+        record = await driver.fetchrow(compiled.sql, *arguments)
+    except BaseException as exc:
+        await _raise_as_sqlalchemy(conn, adapted, exc)
+    return None if record is None else compiled.row(record)
+
+
+async def _raise_as_sqlalchemy(conn: AsyncConnection, adapted: Any, exc: BaseException) -> NoReturn:
+    """Raises what SQLAlchemy would have raised for this error, with its side effects (a dead
+    connection invalidated, and the pool's connections from before it)."""
+    error: BaseException = exc
+    if isinstance(exc, Exception):
+        try:
+            adapted._handle_exception(exc)  # the driver's error as the DBAPI error it maps to
+        except Exception as translated:
+            error = translated
+    sync = conn.sync_connection
+    assert sync is not None
+    await greenlet_spawn(sync._handle_dbapi_exception, error, None, None, None, None)
+    raise AssertionError("unreachable: SQLAlchemy's handler raises")  # pragma: no cover

@@ -1,0 +1,80 @@
+"""Statements run on the driver's connection (app/db/driver.py) behave as through SQLAlchemy:
+the same row and types, the transaction respected, and errors raised as SQLAlchemy raises
+them, a dead connection included."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+from sqlalchemy import bindparam, literal, select, text
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.driver import DriverStatement, driver_fetch_one
+from app.db.errors import is_transient_db_error
+from app.domain.states import JobState
+from app.store.tables import jobs, tenants
+from tests.conftest import make_job, make_target
+from tests.integration.test_dead_connections import end_other_sessions
+
+_JOB = DriverStatement(
+    select(jobs, literal("fixed").label("fixed")).where(jobs.c.id == bindparam("id"), jobs.c.priority >= 0)
+)
+_TENANT_INSERT = DriverStatement(
+    tenants.insert().values(id=bindparam("id"), name=bindparam("name")).returning(tenants.c.id, tenants.c.name)
+)
+
+
+async def test_a_row_is_the_one_sqlalchemy_returns(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine
+) -> None:
+    target = await make_target(client, auth, "http://127.0.0.1:9/hook")
+    job = await make_job(client, auth, target["id"], cron="0 9 * * *", timezone="Europe/Berlin")
+    job_id = uuid.UUID(job["id"])
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        by_driver = await driver_fetch_one(conn, _JOB, {"id": job_id})
+        by_sqlalchemy = (await conn.execute(_JOB.statement, {"id": job_id})).mappings().one()
+        assert await driver_fetch_one(conn, _JOB, {"id": uuid.uuid4()}) is None
+    assert by_driver is not None
+    assert dict(by_driver) == dict(by_sqlalchemy)
+    assert by_driver["state"] is JobState.SCHEDULED and by_driver["fixed"] == "fixed"
+    assert by_driver["payload"] == {"hello": "world"}
+
+
+async def test_inside_a_transaction_the_statement_is_part_of_it(engine: AsyncEngine) -> None:
+    tenant_id = uuid.uuid4()
+    async with engine.connect() as conn:
+        row = await driver_fetch_one(conn, _TENANT_INSERT, {"id": tenant_id, "name": f"t-{tenant_id.hex[:8]}"})
+        assert row is not None and row["id"] == tenant_id
+        await conn.rollback()
+    async with engine.connect() as conn:
+        assert await conn.scalar(select(tenants.c.id).where(tenants.c.id == tenant_id)) is None
+
+
+async def test_errors_are_sqlalchemys_and_a_dead_connection_is_replaced(engine: AsyncEngine, db_url: str) -> None:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await driver_fetch_one(conn, _TENANT_INSERT, {"id": uuid.uuid4(), "name": name})
+        with pytest.raises(IntegrityError) as duplicate:
+            await driver_fetch_one(conn, _TENANT_INSERT, {"id": uuid.uuid4(), "name": name})
+        assert getattr(duplicate.value.orig, "sqlstate", None) == "23505"
+        assert not duplicate.value.connection_invalidated and not is_transient_db_error(duplicate.value)
+        # The connection is still good after an ordinary error (autocommit: nothing to roll back).
+        assert await conn.scalar(text("SELECT 1")) == 1
+
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        assert await conn.scalar(text("SELECT 1")) == 1  # checked out, then its session ended
+        await end_other_sessions(db_url)
+        with pytest.raises(DBAPIError) as dead:
+            await driver_fetch_one(conn, _TENANT_INSERT, {"id": uuid.uuid4(), "name": f"{name}-2"})
+        assert dead.value.connection_invalidated and is_transient_db_error(dead.value)
+    # The pool dropped its connections from before: the next checkout is a live one.
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        row = await driver_fetch_one(conn, _TENANT_INSERT, {"id": uuid.uuid4(), "name": f"{name}-3"})
+        assert row is not None and row["name"] == f"{name}-3"
