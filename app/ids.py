@@ -19,8 +19,9 @@ _offset = 0
 
 
 def _reset() -> None:
-    global _buffer, _offset
-    _buffer, _offset = b"", 0
+    # A new lock too: another thread may have held the parent's at the fork.
+    global _buffer, _offset, _lock
+    _buffer, _offset, _lock = b"", 0, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset)

@@ -15,12 +15,14 @@ request-rate admission, which counts the request.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -57,22 +59,23 @@ def _plain_request(scope: Scope) -> str | None:
                 return None
             authorization = value
         elif name == b"content-type":
+            if content_type is not None:
+                return None  # FastAPI reads the first; rare enough to leave to the route
             content_type = value
         elif name == _IDEMPOTENCY:
             return None
     if authorization is None or content_type is None:
         return None
-    scheme, _, key = authorization.partition(b" ")
-    if scheme.lower() != b"bearer" or not key or b" " in key:
+    if content_type.split(b";", 1)[0].strip().lower() != _JSON:
         return None
-    media_type = content_type.split(b";", 1)[0].strip().lower()
-    if media_type != _JSON:
+    # As FastAPI's HTTPBearer reads the header (fastapi.security.utils): Starlette decodes it
+    # as latin-1, the credentials follow the first space, stripped.
+    header: str = authorization.decode("latin-1")
+    scheme, _, key = header.partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
         return None
-    try:
-        decoded: str = key.decode("ascii")
-    except UnicodeDecodeError:
-        return None
-    return decoded
+    return key
 
 
 def _body_model(body: bytes) -> JobCreate | None:
@@ -132,13 +135,22 @@ def _handler_for(app: FastAPI, exc: Exception) -> Any:
     """The app's handler for this exception (Problem, ScheduleError, PlanError...), as
     Starlette's ExceptionMiddleware would choose it; None for the unexpected, which CatchAll
     (app/api/errors.py) answers."""
+    handler = None
     for cls in type(exc).__mro__:
         if cls is Exception:
             return None
         handler = app.exception_handlers.get(cls)
         if handler is not None:
-            return handler
-    return None
+            break
+    if handler is None or inspect.iscoroutinefunction(handler):
+        return handler
+    sync_handler = handler
+
+    async def in_thread(request: Request, exc: Exception) -> Any:
+        # As Starlette runs a plain function handler.
+        return await run_in_threadpool(sync_handler, request, exc)
+
+    return in_thread
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, Receive]:

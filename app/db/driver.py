@@ -52,6 +52,9 @@ class DriverStatement:
 
     def __init__(self, statement: Executable) -> None:
         self.statement = statement
+        # By dialect class: the service's engines share one configuration. The column types
+        # come from the first database asked; the processors used here (an enum's) do not
+        # depend on a type's id, which differs between databases.
         self._compiled: dict[type[Dialect], _Compiled] = {}
 
     def compiled(self, dialect: Dialect, oids: list[int]) -> _Compiled:
@@ -60,8 +63,9 @@ class DriverStatement:
         parameters = []
         for name in positions:
             bind = compiled.binds[name]
-            if bind.expanding or compiled._bind_processors.get(name) is not None:
-                raise ValueError(f"{name}: expanding or processed parameters are not supported here")
+            if bind.expanding or bind.literal_execute or compiled._bind_processors.get(name) is not None:
+                raise ValueError(f"{name}: expanding, literal or processed parameters are not supported here")
+            # A bind that has its value (a literal of the statement) is sent as that value.
             fixed = not bind.required
             parameters.append((name, bind.effective_value if fixed else None, fixed))
         columns = compiled._result_columns
@@ -108,8 +112,10 @@ async def driver_fetch_one(
 
 
 async def _raise_as_sqlalchemy(conn: AsyncConnection, adapted: Any, exc: BaseException) -> NoReturn:
-    """Raises what SQLAlchemy would have raised for this error, with its side effects (a dead
-    connection invalidated, and the pool's connections from before it)."""
+    """Raises what SQLAlchemy would have raised for this error, with its side effects: a
+    driver error as its DBAPIError, a dead connection invalidated (and the pool's connections
+    from before it), a cancelled statement's connection invalidated and the cancellation
+    re-raised, anything else as it is."""
     error: BaseException = exc
     if isinstance(exc, Exception):
         try:
@@ -118,5 +124,15 @@ async def _raise_as_sqlalchemy(conn: AsyncConnection, adapted: Any, exc: BaseExc
             error = translated
     sync = conn.sync_connection
     assert sync is not None
-    await greenlet_spawn(sync._handle_dbapi_exception, error, None, None, None, None)
+
+    def handle() -> NoReturn:
+        # SQLAlchemy's handler reads sys.exc_info(): the error must be the one being handled
+        # in the greenlet it runs in.
+        try:
+            raise error
+        except BaseException:
+            sync._handle_dbapi_exception(error, None, None, None, None)
+        raise AssertionError("unreachable: SQLAlchemy's handler raises")  # pragma: no cover
+
+    await greenlet_spawn(handle)
     raise AssertionError("unreachable: SQLAlchemy's handler raises")  # pragma: no cover

@@ -4,11 +4,12 @@ them, a dead connection included."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import httpx
 import pytest
-from sqlalchemy import bindparam, literal, select, text
+from sqlalchemy import Float, bindparam, func, literal, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,10 +19,12 @@ from app.domain.states import JobState
 from app.store.tables import jobs, tenants
 from tests.conftest import make_job, make_target
 from tests.integration.test_dead_connections import end_other_sessions
+from tests.receiver import wait_for
 
 _JOB = DriverStatement(
     select(jobs, literal("fixed").label("fixed")).where(jobs.c.id == bindparam("id"), jobs.c.priority >= 0)
 )
+_SLEEP = DriverStatement(select(func.pg_sleep(bindparam("seconds", type_=Float())).label("slept")))
 _TENANT_INSERT = DriverStatement(
     tenants.insert().values(id=bindparam("id"), name=bindparam("name")).returning(tenants.c.id, tenants.c.name)
 )
@@ -78,3 +81,32 @@ async def test_errors_are_sqlalchemys_and_a_dead_connection_is_replaced(engine: 
         await conn.execution_options(isolation_level="AUTOCOMMIT")
         row = await driver_fetch_one(conn, _TENANT_INSERT, {"id": uuid.uuid4(), "name": f"{name}-3"})
         assert row is not None and row["name"] == f"{name}-3"
+
+
+async def test_a_cancelled_or_timed_out_statement_ends_as_cancelled_and_frees_its_connection(
+    engine: AsyncEngine,
+) -> None:
+    async def sleep_in_autocommit() -> None:
+        async with engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await driver_fetch_one(conn, _SLEEP, {"seconds": 20})
+
+    async def sleeping() -> bool:
+        async with engine.connect() as conn:
+            running = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_sleep%'"
+            return bool(await conn.scalar(text(running + " AND pid <> pg_backend_pid()")))
+
+    task = asyncio.create_task(sleep_in_autocommit())
+    # Cancelled while the statement runs on the server.
+    await wait_for(sleeping, timeout=30, interval=0.02, message="the statement running")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(sleep_in_autocommit(), timeout=0.3)
+    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    # The pool still serves.
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        assert await driver_fetch_one(conn, _SLEEP, {"seconds": 0}) == {"slept": None}
