@@ -50,6 +50,7 @@ from harness import (
     run_bench,
     stop_process,
     tree_cpu_s,
+    wait_until_quiet,
 )
 
 DAY_S = 86_400.0
@@ -182,6 +183,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             try:
                 service.start()
                 target_id = service.create_target("http://127.0.0.1:9/never")
+                # Not measured: children still importing (cronhook up's schedulers).
+                settled = wait_until_quiet(service.cpu_s)
+                print(f"cronhook quiet after {settled:.1f} s")
                 if args.profile:
                     profiler = Profiler(Path(args.profile), "api-create", service.pid)
                 fig = drive(service.base_url, service.api_key, target_id, service.cpu_s)

@@ -135,6 +135,21 @@ def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeo
         proc.wait(10)
 
 
+def wait_until_quiet(
+    cpu_s: Callable[[], float], busy_below: float = 0.15, window_s: float = 0.5, deadline_s: float = 60.0
+) -> float:
+    """Waits until a process tree uses less than `busy_below` of a core over `window_s` (its
+    children done starting: `cronhook up` starts scheduler processes after the API answers),
+    at most `deadline_s`; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        before = cpu_s()
+        time.sleep(window_s)
+        if cpu_s() - before < busy_below * window_s:
+            break
+    return time.monotonic() - started
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process, its live descendants and the children it has reaped."""
     try:
