@@ -13,12 +13,12 @@ from typing import Any
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
 from app.api.contract import contract
 from app.api.errors import CatchAll, install_error_handlers, problem_response
-from app.api.lean_create import LeanCreate, replaying
+from app.api.lean_create import BODY_KEY, LeanCreate
 from app.api.observability import RequestObservability
 from app.api.quotas import Quotas
 from app.api.routes import (
@@ -151,7 +151,8 @@ class BodySizeLimit:
     """Rejects request bodies over `max_bytes` with 413, whether or not Content-Length is sent.
 
     The body is buffered (it is small by construction) and replayed to the app, so nothing
-    downstream ever sees a truncated request.
+    downstream ever sees a truncated request; it is also left in the scope (BODY_KEY) for the
+    lean create, which then need not read it again.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, by_path: dict[str, int] | None = None) -> None:
@@ -182,7 +183,18 @@ class BodySizeLimit:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        await self.app(scope, replaying(b"".join(chunks), receive), send)
+        body = b"".join(chunks)
+        scope[BODY_KEY] = body
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:
         response = problem_response(

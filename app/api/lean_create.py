@@ -15,21 +15,19 @@ request-rate admission, which counts the request.
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import admit_key, authenticate, client_address
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
-from app.api.routes.jobs import CREATE_JOB, create_one
+from app.api.routes.jobs import create_one
 from app.api.schemas.jobs import JobCreate
 from app.logs import REQUEST_ID
 
@@ -44,10 +42,12 @@ class _RouteName:
     the access line (the same as the FastAPI route's)."""
 
     path: str
-    operation_id: str
 
 
-_ROUTE = _RouteName(PATH, CREATE_JOB)
+_ROUTE = _RouteName(PATH)
+# Where BodySizeLimit (app/api/app.py, outside this middleware) leaves the body it read: the
+# lean path takes it from there, and the route gets it replayed as usual.
+BODY_KEY = "cronhook.body"
 
 
 def _plain_request(scope: Scope) -> str | None:
@@ -102,16 +102,17 @@ class LeanCreate:
         if key is None:
             await self.app(scope, receive, send)
             return
-        body, receive = await _read_body(receive)
+        body = scope.get(BODY_KEY)
         fastapi: FastAPI = scope["app"]
         state = fastapi.state
-        model = _body_model(body)
-        if model is None or state.quotas.auth_wait(client_address(scope)) is not None:
+        address = client_address(scope)
+        model = None if body is None else _body_model(body)
+        if model is None or state.quotas.auth_wait(address) is not None:
             await self.app(scope, receive, send)
             return
         scope["route"] = _ROUTE
         try:
-            response = await self._create(scope, key, model, state)
+            response = await self._create(address, key, model, state)
         except Exception as exc:
             handler = _handler_for(fastapi, exc)
             if handler is None:
@@ -119,64 +120,27 @@ class LeanCreate:
             response = await handler(Request(scope, receive), exc)
         await response(scope, receive, send)
 
-    async def _create(self, scope: Scope, key: str, model: JobCreate, state: Any) -> Response:
+    async def _create(self, address: str, key: str, model: JobCreate, state: Any) -> Response:
         quotas = state.quotas
         await admit_key(quotas, key)
         # As the route's CreateConn: autocommit, and the connection is back in the pool before
         # the response is sent.
         async with state.engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            creator = await authenticate(client_address(scope), conn, key, quotas)
+            creator = await authenticate(address, conn, key, quotas)
             job = await create_one(conn, creator, model, state.settings, quotas, REQUEST_ID.get())
         return Response(job.model_dump_json(), status_code=201, media_type="application/json")
 
 
 def _handler_for(app: FastAPI, exc: Exception) -> Any:
     """The app's handler for this exception (Problem, ScheduleError, PlanError...), as
-    Starlette's ExceptionMiddleware would choose it; None for the unexpected, which CatchAll
-    (app/api/errors.py) answers."""
-    handler = None
+    Starlette's ExceptionMiddleware would choose it (all of them are coroutines: see
+    install_error_handlers); None for the unexpected, which CatchAll (app/api/errors.py)
+    answers."""
     for cls in type(exc).__mro__:
         if cls is Exception:
             return None
         handler = app.exception_handlers.get(cls)
         if handler is not None:
-            break
-    if handler is None or inspect.iscoroutinefunction(handler):
-        return handler
-    sync_handler = handler
-
-    async def in_thread(request: Request, exc: Exception) -> Any:
-        # As Starlette runs a plain function handler.
-        return await run_in_threadpool(sync_handler, request, exc)
-
-    return in_thread
-
-
-async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
-    """The whole body (BodySizeLimit, outside, has bounded it), and a `receive` that gives it
-    again to whoever handles the request next."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
-    return body, replaying(body, receive)
-
-
-def replaying(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that gives `body` (read already) once more, then defers to `receive`."""
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
+            return handler
+    return None

@@ -57,33 +57,32 @@ class DriverStatement:
         # depend on a type's id, which differs between databases.
         self._compiled: dict[type[Dialect], _Compiled] = {}
 
-    def compiled(self, dialect: Dialect, oids: list[int]) -> _Compiled:
-        compiled = dialect.statement_compiler(dialect, self.statement)  # type: ignore[arg-type]
-        positions = compiled.positiontup or []
-        parameters = []
-        for name in positions:
-            bind = compiled.binds[name]
-            if bind.expanding or bind.literal_execute or compiled._bind_processors.get(name) is not None:
-                raise ValueError(f"{name}: expanding, literal or processed parameters are not supported here")
-            # A bind that has its value (a literal of the statement) is sent as that value.
-            fixed = not bind.required
-            parameters.append((name, bind.effective_value if fixed else None, fixed))
-        columns = compiled._result_columns
-        processors = []
-        for index, (entry, oid) in enumerate(zip(columns, oids, strict=True)):
-            process = entry.type._cached_result_processor(dialect, oid)
-            if process is not None:
-                processors.append((index, process))
-        return _Compiled(compiled.string, tuple(parameters), tuple(e.keyname for e in columns), tuple(processors))
-
     async def prepared(self, dialect: Dialect, driver: Any) -> _Compiled:
         found = self._compiled.get(type(dialect))
         if found is None:
+            compiled = dialect.statement_compiler(dialect, self.statement)  # type: ignore[arg-type]
             # The column types (for the result processors) come from the server, once.
-            sql = dialect.statement_compiler(dialect, self.statement).string  # type: ignore[arg-type]
-            oids = [attribute.type.oid for attribute in (await driver.prepare(sql)).get_attributes()]
-            found = self._compiled[type(dialect)] = self.compiled(dialect, oids)
+            attributes = (await driver.prepare(compiled.string)).get_attributes()
+            found = self._compiled[type(dialect)] = _compiled(dialect, compiled, [a.type.oid for a in attributes])
         return found
+
+
+def _compiled(dialect: Dialect, compiled: Any, oids: list[int]) -> _Compiled:
+    parameters = []
+    for name in compiled.positiontup or []:
+        bind = compiled.binds[name]
+        if bind.expanding or bind.literal_execute or compiled._bind_processors.get(name) is not None:
+            raise ValueError(f"{name}: expanding, literal or processed parameters are not supported here")
+        # A bind that has its value (a literal of the statement) is sent as that value.
+        fixed = not bind.required
+        parameters.append((name, bind.effective_value if fixed else None, fixed))
+    columns = compiled._result_columns
+    processors = []
+    for index, (entry, oid) in enumerate(zip(columns, oids, strict=True)):
+        process = entry.type._cached_result_processor(dialect, oid)
+        if process is not None:
+            processors.append((index, process))
+    return _Compiled(compiled.string, tuple(parameters), tuple(e.keyname for e in columns), tuple(processors))
 
 
 async def driver_fetch_one(

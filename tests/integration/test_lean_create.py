@@ -21,7 +21,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
-from app.api.lean_create import LeanCreate
+from app.api.lean_create import PATH, LeanCreate
 from app.settings import Settings
 from app.store.tables import api_keys, audit_log, jobs
 from app.store.tenants import hash_api_key
@@ -45,9 +45,9 @@ async def apps(settings: Settings, engine: AsyncEngine, monkeypatch: pytest.Monk
     served: list[str] = []
     original = LeanCreate._create
 
-    async def counting(self: LeanCreate, scope: Any, *args: Any) -> Any:
-        served.append(scope["path"])
-        return await original(self, scope, *args)
+    async def counting(self: LeanCreate, *args: Any) -> Any:
+        served.append(PATH)
+        return await original(self, *args)
 
     monkeypatch.setattr(LeanCreate, "_create", counting)
     lean = create_app(settings, engine=engine)
