@@ -96,8 +96,10 @@ async def run_cronhook(args: argparse.Namespace, receiver_url: str, report: dict
             # Like the procrastinate peer: statistics for the backlog before it falls due.
             await conn.execute(text("ANALYZE jobs"))
         report.update(create=mode, create_s=round(time.time() - t_create, 3), created_before_due=time.time() < due)
+        postmaster = await postmaster_pid(engine)
         await asyncio.sleep(max(0.0, due - time.time()))
         cpu0 = service.cpu_s()
+        pg_cpu0 = pg_tree_cpu(postmaster)
         if args.profile:
             profiler = Profiler(Path(args.profile), f"compare-{n}", service.pid)
         deadline = time.monotonic() + args.deadline
@@ -109,10 +111,16 @@ async def run_cronhook(args: argparse.Namespace, receiver_url: str, report: dict
                 break
             await asyncio.sleep(0.05)
         cpu_s = service.cpu_s() - cpu0
+        pg_cpu_s = pg_tree_cpu(postmaster) - pg_cpu0
         if profiler is not None:
             report["profile"] = profiler.stop()
             profiler = None
-        report.update(received=count, cpu_s=round(cpu_s, 2), cpu_ms_per_delivery=round(cpu_s * 1000 / max(count, 1), 3))
+        report.update(
+            received=count,
+            cpu_s=round(cpu_s, 2),
+            cpu_ms_per_delivery=round(cpu_s * 1000 / max(count, 1), 3),
+            postgres_cpu_ms_per_delivery=round(pg_cpu_s * 1000 / max(count, 1), 3),
+        )
         # Every outcome recorded, so the next run starts from a quiet database.
         settle_end = time.monotonic() + SETTLE_TIMEOUT_S
         while True:
@@ -130,6 +138,23 @@ async def run_cronhook(args: argparse.Namespace, receiver_url: str, report: dict
     # cpu_s for the harness is 0: the cronhook processes were started and reaped here, so
     # their CPU is already in the harness's count of reaped children (system_s).
     return {"due": due, "name": "cronhook", "n": n, "cpu_s": 0.0, "cmd": args.cronhook_cmd, **report}
+
+
+async def postmaster_pid(engine: Any) -> int | None:
+    """The PostgreSQL server's postmaster: the parent of this connection's backend."""
+    async with engine.connect() as conn:
+        backend = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+    try:
+        stat = await asyncio.to_thread(Path(f"/proc/{backend}/stat").read_text)
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None  # not on this machine
+
+
+def pg_tree_cpu(postmaster: int | None) -> float:
+    """CPU seconds of the postmaster, its reaped backends and its live ones (side_by_side's count)."""
+    side_by_side = load_peer("side_by_side")
+    return float(side_by_side._pg_tree_cpu(postmaster))
 
 
 def make_extra(args: argparse.Namespace) -> Callable[[str], dict[str, Any]]:
@@ -166,6 +191,7 @@ def summarize(result: dict[str, Any], n: int) -> dict[str, Any]:
         "late_ms_p50": mine.get("late_ms_p50"),
         "late_ms_p99": mine.get("late_ms_p99"),
         "cpu_ms_per_delivery": reported.get("cpu_ms_per_delivery"),
+        "postgres_cpu_ms_per_delivery": reported.get("postgres_cpu_ms_per_delivery"),
         # Whole runs (set-up included), per delivery: the system's processes and PostgreSQL.
         "run_cpu_ms_per_delivery": {
             name: {

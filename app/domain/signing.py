@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-import hashlib
+import functools
 import hmac
 import secrets
 
@@ -16,7 +16,13 @@ def new_signing_secret() -> str:
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     """`v1,<base64 HMAC-SHA256 of "id.timestamp.body">` keyed by the decoded secret."""
-    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
     to_sign = f"{msg_id}.{timestamp}.".encode() + body
-    digest = hmac.new(key, to_sign, hashlib.sha256).digest()
+    # hmac.digest: OpenSSL's one-shot HMAC, without building an HMAC object per signature.
+    digest = hmac.digest(_secret_key(secret), to_sign, "sha256")
     return "v1," + base64.b64encode(digest).decode()
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_key(secret: str) -> bytes:
+    """A secret's key bytes: decoded once per secret, not once per delivery."""
+    return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
