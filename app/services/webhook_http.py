@@ -134,6 +134,9 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses: no isinstance check.
         self.transport = cast(asyncio.Transport, transport)
+        # One parser for the connection's responses, one after another (keep-alive): making
+        # one costs about as much as parsing a response.
+        self._parser = httptools.HttpResponseParser(self)
 
     def data_received(self, data: bytes) -> None:
         if self._waiter is None or self._waiter.done():
@@ -202,7 +205,6 @@ class _Connection(asyncio.Protocol):
         loop = self._pool.loop
         waiter: asyncio.Future[Response] = loop.create_future()
         self._waiter = waiter
-        self._parser = httptools.HttpResponseParser(self)
         self._head_bytes = self._body_bytes = 0
         self._headers_done = self._framed = False
         self._retry_after = None
