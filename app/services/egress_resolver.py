@@ -1,8 +1,9 @@
 """Enforcing the egress policy (app/domain/egress.py) where connections are made.
 
-Delivery checks three times: the URL's host when it is an IP literal (aiohttp skips the
-resolver for those), every address a name resolves to (only allowed ones are handed to
-aiohttp, which connects to exactly those: no second lookup a rebinding DNS server could
+Delivery checks three times: the URL's host when it is an IP literal (the webhook client,
+app/services/webhook_http.py, skips the resolver for those), every address a name resolves
+to (only allowed ones are handed to the client, which connects to exactly those and caches
+them for a minute: no second lookup a rebinding DNS server could
 answer differently), and the address of every socket just before it connects. Target
 create/update checks literals and what names resolve to at that moment, for a clear 422.
 
