@@ -225,7 +225,7 @@ def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
                 await probes.cleanup()
             log_event(logger, "scheduler_stopped", replica_id=settings.replica_id)
 
-    run_role(settings, body)
+    run_role(settings, body, generic_plans=True)
 
 
 def _supervise(settings: Settings, children: list[ChildSpec]) -> None:

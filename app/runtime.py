@@ -35,8 +35,10 @@ CONNECT_WAIT_S = 60.0
 
 
 class Runtime:
-    def __init__(self, settings: Settings, pre_ping: bool = False) -> None:
+    def __init__(self, settings: Settings, pre_ping: bool = False, generic_plans: bool = False) -> None:
         self.settings = settings
+        # Scheduler-only processes: their sessions plan on generic plans (app/db/engine.py).
+        self._generic_plans = generic_plans
         # Off for scheduler-only processes (app/db/engine.py says why).
         self._pre_ping = pre_ping
         self._embedded: EmbeddedPostgres | None = None
@@ -60,6 +62,7 @@ class Runtime:
             pre_ping=self._pre_ping,
             statement_timeout_s=self.settings.db_statement_timeout_s,
             application_name=replica_session_name(self.settings.replica_id),
+            generic_plans=self._generic_plans,
         )
         await self._wait_for_database()
         migrating = self.settings.auto_migrate if migrate is None else migrate
@@ -129,6 +132,7 @@ def run_role(
     settings: Settings,
     body: Callable[[AsyncEngine, asyncio.Event], Awaitable[None]],
     migrate: bool | None = None,
+    generic_plans: bool = False,
 ) -> None:
     """Runs `body` with a database, stopping cleanly on SIGINT/SIGTERM."""
 
@@ -137,7 +141,7 @@ def run_role(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        runtime = Runtime(settings)
+        runtime = Runtime(settings, generic_plans=generic_plans)
         try:
             engine = await runtime.start(migrate=migrate)
             await body(engine, stop)

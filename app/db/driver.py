@@ -31,14 +31,19 @@ from sqlalchemy.util import greenlet_spawn
 @dataclass(frozen=True)
 class _Compiled:
     sql: str
-    # Per positional parameter: its name, and its value when the statement fixes it (a literal).
-    parameters: tuple[tuple[str, Any, bool], ...]
+    # Per positional parameter: its name, its value when the statement fixes it (a literal),
+    # and SQLAlchemy's bind processor for its type (None: the value goes as it is).
+    parameters: tuple[tuple[str, Any, bool, Callable[[Any], Any] | None], ...]
     keys: tuple[str, ...]
     # (column index, processor) for the columns whose values SQLAlchemy converts.
     processors: tuple[tuple[int, Callable[[Any], Any]], ...]
 
     def arguments(self, values: Mapping[str, Any]) -> list[Any]:
-        return [fixed if is_fixed else values[name] for name, fixed, is_fixed in self.parameters]
+        arguments = []
+        for name, fixed, is_fixed, process in self.parameters:
+            value = fixed if is_fixed else values[name]
+            arguments.append(value if process is None or value is None else process(value))
+        return arguments
 
     def row(self, record: Any) -> dict[str, Any]:
         values = list(record)
@@ -48,7 +53,8 @@ class _Compiled:
 
 
 class DriverStatement:
-    """A statement built once with bind parameters, runnable by `driver_fetch_one`."""
+    """A statement built once with bind parameters, runnable by `driver_fetch_one` and
+    `driver_fetch_all`."""
 
     def __init__(self, statement: Executable) -> None:
         self.statement = statement
@@ -71,11 +77,11 @@ def _compiled(dialect: Dialect, compiled: Any, oids: list[int]) -> _Compiled:
     parameters = []
     for name in compiled.positiontup or []:
         bind = compiled.binds[name]
-        if bind.expanding or bind.literal_execute or compiled._bind_processors.get(name) is not None:
-            raise ValueError(f"{name}: expanding, literal or processed parameters are not supported here")
+        if bind.expanding or bind.literal_execute:
+            raise ValueError(f"{name}: expanding or literal parameters are not supported here")
         # A bind that has its value (a literal of the statement) is sent as that value.
         fixed = not bind.required
-        parameters.append((name, bind.effective_value if fixed else None, fixed))
+        parameters.append((name, bind.effective_value if fixed else None, fixed, compiled._bind_processors.get(name)))
     columns = compiled._result_columns
     processors = []
     for index, (entry, oid) in enumerate(zip(columns, oids, strict=True)):
@@ -89,6 +95,20 @@ async def driver_fetch_one(
     conn: AsyncConnection, statement: DriverStatement, values: Mapping[str, Any]
 ) -> Mapping[str, Any] | None:
     """The statement's one row (or None), as `conn.execute(...).mappings().one_or_none()`."""
+    rows = await _fetch(conn, statement, values, one=True)
+    return rows[0] if rows else None
+
+
+async def driver_fetch_all(
+    conn: AsyncConnection, statement: DriverStatement, values: Mapping[str, Any]
+) -> list[Mapping[str, Any]]:
+    """The statement's rows, as `conn.execute(...).mappings().all()`."""
+    return await _fetch(conn, statement, values, one=False)
+
+
+async def _fetch(
+    conn: AsyncConnection, statement: DriverStatement, values: Mapping[str, Any], one: bool
+) -> list[Mapping[str, Any]]:
     sync = conn.sync_connection
     if sync is None or sync.closed or sync.invalidated:
         pooled = await conn.get_raw_connection()
@@ -96,18 +116,24 @@ async def driver_fetch_one(
         pooled = sync.connection  # checked out already: no I/O
     adapted = pooled.dbapi_connection
     if adapted is None or not getattr(adapted, "autocommit", False):
-        return cast(
-            "Mapping[str, Any] | None", (await conn.execute(statement.statement, values)).mappings().one_or_none()
-        )
+        result = (await conn.execute(statement.statement, values)).mappings()
+        if one:
+            row = result.one_or_none()
+            return [] if row is None else [cast("Mapping[str, Any]", row)]
+        return cast("list[Mapping[str, Any]]", result.all())
     driver = pooled.driver_connection
     assert driver is not None
     try:
         compiled = await statement.prepared(conn.dialect, driver)
         arguments = compiled.arguments(values)
-        record = await driver.fetchrow(compiled.sql, *arguments)
+        if one:
+            record = await driver.fetchrow(compiled.sql, *arguments)
+            records = [] if record is None else [record]
+        else:
+            records = await driver.fetch(compiled.sql, *arguments)
     except BaseException as exc:
         await _raise_as_sqlalchemy(conn, adapted, exc)
-    return None if record is None else compiled.row(record)
+    return [compiled.row(record) for record in records]
 
 
 async def _raise_as_sqlalchemy(conn: AsyncConnection, adapted: Any, exc: BaseException) -> NoReturn:

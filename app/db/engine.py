@@ -5,6 +5,10 @@ from __future__ import annotations
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+# Execution option of engines whose sessions run on generic plans (create_engine's
+# `generic_plans`), read by statements that care.
+GENERIC_PLANS = "cronhook_generic_plans"
+
 
 def normalize_url(raw: str) -> URL:
     """Accept `postgresql://`, `postgres://` and `postgresql+asyncpg://` alike."""
@@ -23,6 +27,7 @@ def create_engine(
     pre_ping: bool = False,
     statement_timeout_s: float = 0.0,
     application_name: str | None = None,
+    generic_plans: bool = False,
 ) -> AsyncEngine:
     """`pre_ping` tests every connection on checkout (three round trips: BEGIN, an empty
     statement, ROLLBACK); it is off by default: every service loop treats a dead connection as
@@ -39,12 +44,20 @@ def create_engine(
     if statement_timeout_s > 0:
         # A statement that hits it is an outage like any other: back off, retry (app/db/errors.py).
         server_settings["statement_timeout"] = str(round(statement_timeout_s * 1000))
+    execution_options = {}
+    if generic_plans:
+        # A scheduler's sessions: its statements are few, prepared and run thousands of times;
+        # the claim must run on its generic plan (app/store/claims.py says why), and setting it
+        # per session spares a round trip per claim. The claim says when it wants otherwise.
+        server_settings["plan_cache_mode"] = "force_generic_plan"
+        execution_options[GENERIC_PLANS] = True
     if application_name:
         # Names the process's sessions, so the reaper can tell a dead replica (no session left)
         # from one that is only slow (app/store/rescues.py).
         server_settings["application_name"] = application_name
     return create_async_engine(
         normalize_url(raw_url),
+        execution_options=execution_options,
         connect_args={"server_settings": server_settings},
         # Up to twice `pool_size` connections, all kept open: overflow connections would be
         # closed on return whenever more than `pool_size` are idle, so a steady load above

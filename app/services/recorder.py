@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -19,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.errors import is_transient_db_error
 from app.domain.job import FinishedAttempt
 from app.logs import log_event
-from app.store.outcomes import job_finish_attempts
+from app.store.outcomes import finish_is_one_statement, job_finish_attempts
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,7 @@ class OutcomeRecorder:
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
-                async with self._engine.begin() as conn:
-                    applied = await job_finish_attempts(conn, [p.item for p in batch])
+                applied = await self._write([p.item for p in batch])
             except Exception as exc:
                 if not is_transient_db_error(exc):
                     await self._write_one_by_one(batch)
@@ -84,6 +84,15 @@ class OutcomeRecorder:
             for pending in batch:
                 if not pending.done.done():
                     pending.done.set_result(pending.item.lease in applied)
+
+    async def _write(self, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
+        if not finish_is_one_statement(items):
+            async with self._engine.begin() as conn:
+                return await job_finish_attempts(conn, items)
+        # One statement is atomic on its own: no BEGIN and COMMIT round trips.
+        async with self._engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return await job_finish_attempts(conn, items)
 
     async def _write_one_by_one(self, batch: list[_Pending]) -> None:
         """After a non-transient error, isolate the bad outcome so it cannot sink the others."""

@@ -17,6 +17,7 @@ from sqlalchemy import DateTime, Double, Integer, Text, bindparam, case, cast, f
 from sqlalchemy.dialects.postgresql import ARRAY, UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.driver import DriverStatement, driver_fetch_all
 from app.domain.fire_times import Skipped
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt, RunOutcome
 from app.domain.states import JobState
@@ -136,11 +137,22 @@ def _finish_statement() -> Any:
     return select(applied.c.id, applied.c.lease_token).add_cte(written)
 
 
+_FINISH_ON_DRIVER = DriverStatement(_finish_statement())
+
+
+def finish_is_one_statement(items: list[FinishedAttempt]) -> bool:
+    """True when recording `items` writes nothing beyond the batch statement (no dead letter,
+    no skipped-overlap run): the usual batch, which may then run in autocommit, without the
+    BEGIN and COMMIT round trips. Any other batch needs a transaction."""
+    return not any(item.step.dead_letter or item.step.overlapped.times for item in items)
+
+
 async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
     """Records attempts' outcomes and moves their jobs on, each guarded by its lease token.
 
     One statement for the whole batch (group commit): the UPDATE and the run rows of the
-    jobs it matched; then, only when there are any, skipped-overlap runs and dead letters.
+    jobs it matched; then, only when there are any, skipped-overlap runs and dead letters
+    (in the caller's transaction: see finish_is_one_statement).
     Returns the (job id, lease token) pairs applied; an attempt missing from it was fenced
     (reaped or cancelled meanwhile): its outcome is not applied and no run is written for it.
     """
@@ -151,7 +163,8 @@ async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt
     columns = list(zip(*(_outcome_row(item) for item in items), strict=True))
     params = {f"outcome_{name}": list(values) for (name, _), values in zip(_OUTCOME_COLUMNS, columns, strict=True)}
     # Matched by (id, token): a stale outcome for the same job in this batch is not "applied".
-    applied_leases = {(row.id, row.lease_token) for row in await conn.execute(_finish_statement(), params)}
+    rows = await driver_fetch_all(conn, _FINISH_ON_DRIVER, params)
+    applied_leases = {(row["id"], row["lease_token"]) for row in rows}
     done = [item for item in items if item.lease in applied_leases]
 
     skipped = []

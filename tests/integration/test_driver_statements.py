@@ -9,11 +9,12 @@ import uuid
 
 import httpx
 import pytest
-from sqlalchemy import Float, bindparam, func, literal, select, text
+from sqlalchemy import DateTime, Float, bindparam, func, literal, select, text
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.driver import DriverStatement, driver_fetch_one
+from app.db.driver import DriverStatement, driver_fetch_all, driver_fetch_one
 from app.db.errors import is_transient_db_error
 from app.domain.states import JobState
 from app.store.tables import jobs, tenants
@@ -45,6 +46,28 @@ async def test_a_row_is_the_one_sqlalchemy_returns(
     assert dict(by_driver) == dict(by_sqlalchemy)
     assert by_driver["state"] is JobState.SCHEDULED and by_driver["fixed"] == "fixed"
     assert by_driver["payload"] == {"hello": "world"}
+
+
+_UNNEST = DriverStatement(
+    select(
+        func.unnest(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))).label("id"),
+        func.unnest(bindparam("times", type_=ARRAY(DateTime(timezone=True)))).label("at"),
+    )
+)
+
+
+async def test_rows_of_array_parameters_are_the_ones_sqlalchemy_returns(engine: AsyncEngine) -> None:
+    import datetime as dt
+
+    ids = [uuid.uuid4() for _ in range(3)]
+    times = [dt.datetime(2026, 11, 25, 12, i, tzinfo=dt.UTC) for i in range(3)]
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        by_driver = await driver_fetch_all(conn, _UNNEST, {"ids": ids, "times": times})
+        by_sqlalchemy = (await conn.execute(_UNNEST.statement, {"ids": ids, "times": times})).mappings().all()
+        assert await driver_fetch_all(conn, _UNNEST, {"ids": [], "times": []}) == []
+    assert [dict(row) for row in by_driver] == [dict(row) for row in by_sqlalchemy]
+    assert [(row["id"], row["at"]) for row in by_driver] == list(zip(ids, times, strict=True))
 
 
 async def test_inside_a_transaction_the_statement_is_part_of_it(engine: AsyncEngine) -> None:

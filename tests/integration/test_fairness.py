@@ -92,3 +92,38 @@ async def test_a_tenant_short_of_share_keeps_its_highest_priority_jobs(engine: A
     priority_of = dict(zip(ids, (4, 9, 0, 7, 2, 8), strict=True))
     claimed = await claim(engine, 10, ClaimShares(tenant_free={tenant: 3}, tenant_share=50, target_cap=50))
     assert sorted(priority_of[job.id] for job in claimed) == [7, 8, 9]
+
+
+async def test_a_scheduler_session_on_generic_plans_claims_the_same_and_plans_the_skipping_claim_afresh(
+    db_url: str, engine: AsyncEngine
+) -> None:
+    from sqlalchemy import text
+
+    from app.db.engine import create_engine
+    from app.domain.partition import PARTITION_COUNT
+
+    noisy, noisy_target = await make_tenant_and_target(engine, UNUSED)
+    quiet, quiet_target = await make_tenant_and_target(engine, UNUSED)
+    noisy_jobs = await make_jobs(engine, noisy, noisy_target, 3, due_in_s=-30)
+    (quiet_job,) = await make_jobs(engine, quiet, quiet_target, 1, due_in_s=-1)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE partition_leases SET owner = 'r', epoch = 7, expires_at = now() + interval '1 hour'")
+        )
+    held = dict.fromkeys(range(PARTITION_COUNT), 7)
+    scheduler_engine = create_engine(db_url, pool_size=1, generic_plans=True)
+    try:
+        async with scheduler_engine.begin() as conn:
+            assert await conn.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"
+            full = ClaimShares(tenant_free={noisy: 0}, tenant_share=10, target_cap=50)
+            skipping = await job_claim_batch(conn, "r", 10, 30, held, shares=full)
+            # The claim that skips full tenants is planned for its parameters (its generic
+            # plan is the worse one), for this transaction only.
+            assert await conn.scalar(text("SHOW plan_cache_mode")) == "auto"
+        assert [job.id for job in skipping.jobs] == [quiet_job]
+        async with scheduler_engine.begin() as conn:
+            plain = await job_claim_batch(conn, "r", 10, 30, held, shares=ClaimShares(tenant_share=10))
+            assert await conn.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"
+        assert sorted(job.id for job in plain.jobs) == sorted(noisy_jobs)
+    finally:
+        await scheduler_engine.dispose()
