@@ -164,8 +164,14 @@ class Scheduler:
         return {**counts, "some_full": int(self.shares.full_count() > 0)}
 
     def idle_wait_s(self, counts: dict[str, int]) -> float:
-        # Everything asked for was due: more probably is, so claim again at once.
         if counts["requested"] and counts["claimed"] >= counts["requested"]:
+            if counts.get("some_full"):
+                # The claim filled a tenant's or target's share: the next one would skip its
+                # jobs, and in a one-tenant burst find nothing else (a claim planned afresh,
+                # ~15 ms under load, in which no slot could be refilled). Claim again once
+                # its slots free up (`wake`), or after HELD_BACK_WAIT_S for the others.
+                return HELD_BACK_WAIT_S
+            # Everything asked for was due: more probably is, so claim again at once.
             return 0.0
         if counts.get("some_full"):
             # Jobs of a tenant or target at its share may be all that is due (the next due
@@ -238,6 +244,7 @@ class Scheduler:
     def _capacity(self) -> int:
         # A delivery holds its slot until its outcome is recorded: more POSTs in flight than
         # `concurrency` would only lengthen the group commit's queue, and the leases' clocks.
+        # (Freeing the slot at the answer instead made no difference in a burst: bench/README.)
         return self.config.concurrency - len(self._tasks)
 
     async def _deliver(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> None:

@@ -72,10 +72,11 @@ def _outcome_row(item: FinishedAttempt) -> tuple[Any, ...]:
 
 
 @functools.cache
-def _finish_statement() -> Any:
+def _finish_statement() -> DriverStatement:
     """The batch's UPDATE of jobs with the attempts' run rows as a data-modifying CTE: one
-    statement, one round trip, built and compiled once. The batch travels as one typed array
-    per column (bind parameters named after the columns), unnested into rows."""
+    statement, one round trip, built and compiled once (for the driver: app/db/driver.py).
+    The batch travels as one typed array per column (bind parameters named after the
+    columns), unnested into rows."""
     # Named apart from jobs' columns: a parameter named like a column would become a SET.
     arrays = [bindparam(f"outcome_{name}", type_=ARRAY(type_)) for name, type_ in _OUTCOME_COLUMNS]
     outcome = func.unnest(*arrays).table_valued(*(name for name, _ in _OUTCOME_COLUMNS)).render_derived(name="outcome")
@@ -134,10 +135,7 @@ def _finish_statement() -> Any:
         ran.c.error,
     ).join(applied, (applied.c.id == ran.c.id) & (applied.c.lease_token == ran.c.lease_token))
     written = insert(runs).from_select(run_columns, run_rows).cte("written")
-    return select(applied.c.id, applied.c.lease_token).add_cte(written)
-
-
-_FINISH_ON_DRIVER = DriverStatement(_finish_statement())
+    return DriverStatement(select(applied.c.id, applied.c.lease_token).add_cte(written))
 
 
 def finish_is_one_statement(items: list[FinishedAttempt]) -> bool:
@@ -163,7 +161,7 @@ async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt
     columns = list(zip(*(_outcome_row(item) for item in items), strict=True))
     params = {f"outcome_{name}": list(values) for (name, _), values in zip(_OUTCOME_COLUMNS, columns, strict=True)}
     # Matched by (id, token): a stale outcome for the same job in this batch is not "applied".
-    rows = await driver_fetch_all(conn, _FINISH_ON_DRIVER, params)
+    rows = await driver_fetch_all(conn, _finish_statement(), params)
     applied_leases = {(row["id"], row["lease_token"]) for row in rows}
     done = [item for item in items if item.lease in applied_leases]
 
