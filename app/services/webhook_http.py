@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import httptools
+from aiohappyeyeballs import start_connection
 from yarl import URL
 
 from app.domain.egress import parse_address
@@ -43,6 +44,12 @@ MAX_HEAD_BYTES = 64 * 1024
 KEEPALIVE_S = 15.0
 # How long the addresses a name resolved to are used before it is resolved again.
 DNS_TTL_S = 60.0
+# Interim (1xx) answers accepted before the real one.
+MAX_INTERIM_RESPONSES = 8
+# Happy eyeballs (RFC 8305) between a name's addresses, as aiohttp connected: the next address
+# is tried this long after the previous one started, so one unreachable address does not
+# use up the deadline.
+HAPPY_EYEBALLS_DELAY_S = 0.25
 # Parsed target URLs remembered (then the memory starts over).
 _ORIGIN_CACHE_SIZE = 10_000
 
@@ -95,14 +102,15 @@ def parse_origin(url: str) -> Origin:
     parsed = URL(url, encoded=True)
     scheme = parsed.scheme.lower()
     host = (parsed.raw_host or "").lower()
-    port = parsed.explicit_port or {"http": 80, "https": 443}.get(scheme)
+    default_port = {"http": 80, "https": 443}.get(scheme)
+    port = parsed.explicit_port if parsed.explicit_port is not None else default_port
     if scheme not in ("http", "https") or not host or port is None:
         raise ValueError("not an http(s) URL with a host")
     target = parsed.raw_path_qs or "/"
     if not target.startswith("/"):
         target = "/" + target
     name = f"[{host}]" if ":" in host else host
-    host_header = name if parsed.explicit_port in (None, {"http": 80, "https": 443}[scheme]) else f"{name}:{port}"
+    host_header = name if port == default_port else f"{name}:{port}"
     line = f"POST {target} HTTP/1.1\r\nhost: {host_header}\r\n"
     if not line.isascii() or any(c in target + host_header for c in "\r\n\x00 "):
         raise ValueError("the URL has characters a request line cannot carry")
@@ -124,10 +132,13 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._headers_done = False
         self._framed = False  # Content-Length or chunked: EOF before the end is an error
+        self._interim = 0
         self._retry_after: str | None = None
         self._body: list[bytes] = []
         self._body_bytes = 0
         self.reusable = False
+        # In the pool's idle list (WebhookHttp._give_back), waiting for the next request.
+        self.pooled = False
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -166,11 +177,18 @@ class _Connection(asyncio.Protocol):
 
     # --- httptools callbacks ------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._waiter is None or self._waiter.done():
+            # A second answer after the one this request got, in the same read: unasked for,
+            # it would be taken for the next request's answer. The connection goes.
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         lower = name.lower()
         if lower == b"retry-after":
             self._retry_after = value.decode("latin-1")
-        elif lower in (b"content-length", b"transfer-encoding"):
+        elif lower == b"content-length" or (lower == b"transfer-encoding" and b"chunked" in value.lower()):
+            # Otherwise the body ends with the connection (RFC 9112 6.3).
             self._framed = True
 
     def on_headers_complete(self) -> None:
@@ -180,7 +198,7 @@ class _Connection(asyncio.Protocol):
         if self._waiter is None or self._waiter.done():
             return  # the cap was reached earlier in this read
         room = MAX_BODY_BYTES - self._body_bytes
-        if len(body) < room:
+        if len(body) <= room:
             self._body.append(body)
             self._body_bytes += len(body)
             return
@@ -191,10 +209,17 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         status = self._parser.get_status_code()
-        if 100 <= status < 200 and status != 101:
-            # An interim answer (100 Continue, 103 Early Hints): the real one follows.
+        if status == 101:
+            self._fail(BadResponse("protocol upgrade"))
+            return
+        if 100 <= status < 200:
+            # An interim answer (100 Continue, 103 Early Hints): the real one follows. Its
+            # bytes still count against MAX_HEAD_BYTES, and only so many are taken.
+            self._interim += 1
+            if self._interim > MAX_INTERIM_RESPONSES:
+                self._fail(BadResponse("too many interim responses"))
+                return
             self._headers_done = self._framed = False
-            self._head_bytes = 0
             self._retry_after = None
             return
         self._complete(keep=self._parser.should_keep_alive())
@@ -207,6 +232,7 @@ class _Connection(asyncio.Protocol):
         self._waiter = waiter
         self._head_bytes = self._body_bytes = 0
         self._headers_done = self._framed = False
+        self._interim = 0
         self._retry_after = None
         self._body = []
         self.reusable = False
@@ -221,13 +247,17 @@ class _Connection(asyncio.Protocol):
             self._waiter = None
 
     def _on_deadline(self) -> None:
-        self._fail(TimeoutError())
+        if self._waiter is not None and not self._waiter.done():
+            self._fail(TimeoutError())
 
     def _complete(self, keep: bool) -> None:
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
-        self.reusable = keep and not self.closed
+        # Not when request bytes are still unsent (an early answer, a large payload): the
+        # rest would reach the server as the start of the next request.
+        assert self.transport is not None
+        self.reusable = keep and not self.closed and self.transport.get_write_buffer_size() == 0
         waiter.set_result(Response(self._parser.get_status_code(), self._retry_after, b"".join(self._body)))
         if not self.reusable:
             self.close()
@@ -290,9 +320,15 @@ class WebhookHttp:
         if conn is None:
             async with asyncio.timeout_at(deadline):
                 conn = await self._connect(origin)
-        if may_send is not None and not may_send():
-            self._give_back(conn)
-            raise PostNotStarted
+        if may_send is not None:
+            try:
+                allowed = may_send()
+            except BaseException:
+                conn.close()
+                raise
+            if not allowed:
+                self._give_back(conn)
+                raise PostNotStarted
         request = b"%s%scontent-length: %d\r\n\r\n%s" % (origin.request_start, head, len(body), body)
         try:
             return await conn.exchange(request, deadline)
@@ -318,47 +354,57 @@ class WebhookHttp:
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
-            conn = idle.pop()
-            self._idle_count -= 1
-            if not conn.closed and now - conn.idle_since < self._keepalive_s:
+            conn = self._unpool(idle.pop())
+            assert conn.transport is not None
+            # Closing: the server's end of the connection arrived, its connection_lost not yet.
+            if not conn.closed and not conn.transport.is_closing() and now - conn.idle_since < self._keepalive_s:
                 return conn
             conn.close()
         return None
 
     def _give_back(self, conn: _Connection) -> None:
-        if conn.closed:
+        if conn.closed or conn.pooled:
             return
         if self._idle_count >= self._max_idle:
             self._close_oldest_idle()
         conn.idle_since = time.monotonic()
+        conn.pooled = True
         self._idle.setdefault(conn.key, []).append(conn)
         self._idle_count += 1
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(self._keepalive_s, self._sweep)
 
+    def _unpool(self, conn: _Connection) -> _Connection:
+        """Counts a connection taken off its idle list out of the pool."""
+        conn.pooled = False
+        self._idle_count -= 1
+        return conn
+
     def _forget(self, conn: _Connection) -> None:
-        """A connection ended: out of the pool (its idle list drops it when taken or swept)."""
+        """A connection ended: out of the pool, and off its idle list if it waited there."""
         self._open.discard(conn)
+        if conn.pooled:
+            idle = self._idle.get(conn.key)
+            if idle is not None and conn in idle:
+                idle.remove(conn)
+                self._unpool(conn)
 
     def _close_oldest_idle(self) -> None:
         oldest = min((conns[0] for conns in self._idle.values() if conns), key=lambda c: c.idle_since, default=None)
         if oldest is not None:
             self._idle[oldest.key].remove(oldest)
-            self._idle_count -= 1
-            oldest.close()
+            self._unpool(oldest).close()
 
     def _sweep(self) -> None:
         self._sweeper = None
         now = time.monotonic()
         for key, conns in list(self._idle.items()):
             keep = [c for c in conns if not c.closed and now - c.idle_since < self._keepalive_s]
+            self._idle[key] = keep
             for conn in conns:
                 if conn not in keep:
-                    conn.close()
-            self._idle_count -= len(conns) - len(keep)
-            if keep:
-                self._idle[key] = keep
-            else:
+                    self._unpool(conn).close()
+            if not keep:
                 del self._idle[key]
         if self._idle_count:
             self._sweeper = self.loop.call_later(self._keepalive_s, self._sweep)
@@ -366,26 +412,28 @@ class WebhookHttp:
     # --- connecting ---------------------------------------------------------------------
 
     async def _connect(self, origin: Origin) -> _Connection:
-        last: OSError | None = None
-        for family, proto, sockaddr in await self._addresses(origin):
-            # The policy's last word on this very address (raises EgressDenied).
-            sock = self._resolver.socket_factory((family, socket.SOCK_STREAM, proto, "", sockaddr))
-            try:
-                sock.setblocking(False)
-                await self.loop.sock_connect(sock, sockaddr)
-            except OSError as exc:
-                sock.close()
-                last = exc
-                continue
-            except BaseException:
-                sock.close()
-                raise
-            return await self._wrap(origin, sock)
-        if isinstance(last, ConnectionRefusedError):
-            raise ConnectFailed("refused")
-        if isinstance(last, ConnectionResetError):
-            raise ConnectFailed("reset")
-        raise ConnectFailed("other")
+        infos = [
+            (family, socket.SOCK_STREAM, proto, "", sockaddr)
+            for family, proto, sockaddr in await self._addresses(origin)
+        ]
+        try:
+            # Every socket is made by the resolver's factory: the policy's last word on the
+            # very address it connects to (EgressDenied, and the next address is tried).
+            sock = await start_connection(
+                infos,
+                happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY_S,
+                loop=self.loop,
+                socket_factory=self._resolver.socket_factory,
+            )
+        except EgressDenied:
+            raise
+        except ConnectionRefusedError:
+            raise ConnectFailed("refused") from None
+        except ConnectionResetError:
+            raise ConnectFailed("reset") from None
+        except OSError:
+            raise ConnectFailed("other") from None
+        return await self._wrap(origin, sock)
 
     async def _wrap(self, origin: Origin, sock: socket.socket) -> _Connection:
         tls = self._tls() if origin.tls else None
@@ -394,7 +442,8 @@ class WebhookHttp:
                 lambda: _Connection(self, origin.key),
                 sock=sock,
                 ssl=tls,
-                server_hostname=origin.host if tls else None,
+                # The name as certificates spell it: without a trailing dot (`host.`).
+                server_hostname=origin.host.rstrip(".") if tls else None,
             )
         except ssl.SSLCertVerificationError:
             sock.close()

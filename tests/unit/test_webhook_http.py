@@ -5,6 +5,7 @@ egress check on the address connected to."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import subprocess
 import time
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from app.domain.egress import EgressPolicy, parse_egress_allow
 from app.services.egress_resolver import EgressDenied, EgressResolver
@@ -74,6 +76,22 @@ async def answer_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         await read_request(reader)
         writer.write(reply)
         await writer.drain()
+
+
+class Loopback(AbstractResolver):
+    """Resolves every name to `addresses` (loopback by default), in that order."""
+
+    def __init__(self, addresses: tuple[str, ...] = ("127.0.0.1",)) -> None:
+        self.addresses = addresses
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
+        return [
+            {"hostname": host, "host": a, "port": port, "family": socket.AF_INET, "proto": 6, "flags": 0}
+            for a in self.addresses
+        ]
+
+    async def close(self) -> None:
+        pass
 
 
 @pytest.fixture
@@ -329,3 +347,112 @@ def test_on_uvloop_as_the_scheduler_runs_it() -> None:
                 await server.stop()
 
     uvloop.run(scenario())
+
+
+async def test_an_answer_nobody_asked_for_is_never_taken_for_the_next_requests(
+    http: WebhookHttp, servers: list[Server]
+) -> None:
+    async def stray(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        # The answer, and in the same write the start of a second one.
+        writer.write(OK + b"HTTP/1.1 500 Stray\r\ncontent-length: 5\r\n\r\nab")
+        await writer.drain()
+        await read_request(reader)
+        writer.write(b"cde" + b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    server = await serve(servers, stray)
+    origin = http.origin(server.url())
+    assert (await http.post(origin, b"", b"{}", 5)).status == 200
+    # The connection that carried the stray bytes is gone: the next request gets a fresh
+    # one and its own answer (here the handler's first, 200), never the stray 500.
+    assert (await http.post(origin, b"", b"{}", 5)).status == 200
+    assert server.connections == 2
+
+
+async def test_interim_answers_are_bounded_and_an_upgrade_is_refused(http: WebhookHttp, servers: list[Server]) -> None:
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for _ in range(10_000):
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n")
+            await writer.drain()
+
+    async def upgrade(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n")
+        await reader.read()
+
+    for handler in (flood, upgrade):
+        server = await serve(servers, handler)
+        started = time.monotonic()
+        with pytest.raises(BadResponse):
+            await http.post(http.origin(server.url()), b"", b"{}", 10)
+        assert time.monotonic() - started < 5
+
+
+async def test_a_body_of_exactly_64_kb_is_whole_and_keeps_its_connection(
+    http: WebhookHttp, servers: list[Server]
+) -> None:
+    body = b"z" * MAX_BODY_BYTES
+    reply = b"HTTP/1.1 500 Full\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    server = await serve(servers, lambda r, w: answer_each(r, w, reply))
+    origin = http.origin(server.url())
+    for _ in range(2):
+        assert (await http.post(origin, b"", b"{}", 5)).body == body
+    assert server.connections == 1
+
+
+async def test_a_name_with_an_unreachable_address_first_is_reached_at_the_next_one(servers: list[Server]) -> None:
+    server = await serve(servers, lambda r, w: answer_each(r, w, OK))
+    # 127.0.0.2 at the same port: a listener whose accept queue is full drops new SYNs.
+    hole = socket.socket()
+    hole.bind(("127.0.0.2", server.port))
+    hole.listen(0)
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(("127.0.0.2", server.port))
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+
+    client = WebhookHttp(
+        EgressResolver(parse_egress_allow("127.0.0.0/8"), Loopback(("127.0.0.2", "127.0.0.1"))), max_idle=2
+    )
+    try:
+        started = time.monotonic()
+        response = await client.post(client.origin(f"http://dual.test:{server.port}/hook"), b"", b"{}", 3)
+        assert response.status == 200 and time.monotonic() - started < 2
+    finally:
+        await client.close()
+        for sock in (hole, *fillers):
+            sock.close()
+
+
+async def test_tls_to_a_name_with_a_trailing_dot_checks_the_name_without_it(
+    servers: list[Server], tmp_path: Path
+) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)),
+            *("-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_side.load_cert_chain(cert, key)
+    server = await serve(servers, lambda r, w: answer_each(r, w, OK), tls=server_side)
+    client = WebhookHttp(EgressResolver(parse_egress_allow("127.0.0.0/8"), Loopback()), max_idle=2)
+    # This test's certificate as the only one trusted (the client uses the system's).
+    client._ssl = ssl.create_default_context(cafile=str(cert))
+    try:
+        for name in ("localhost", "localhost."):
+            response = await client.post(client.origin(f"https://{name}:{server.port}/hook"), b"", b"{}", 5)
+            assert response.status == 200, name
+    finally:
+        await client.close()
