@@ -294,20 +294,26 @@ def test_urls_that_cannot_be_sent_are_refused() -> None:
     assert parse_origin("http://[::1]:8080").request_start == b"POST / HTTP/1.1\r\nhost: [::1]:8080\r\n"
 
 
-@pytest.fixture(scope="module")
-def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
-    folder: Path = tmp_path_factory.mktemp("tls")
+def self_signed_certificate(folder: Path, name: str, alt_name: str) -> tuple[ssl.SSLContext, Path]:
+    """A server-side TLS context for a certificate that names `name` (`alt_name`, e.g.
+    `IP:127.0.0.1` or `DNS:localhost`), and the certificate's file (to trust it)."""
     key, cert = folder / "key.pem", folder / "cert.pem"
     subprocess.run(
         [
             *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)),
-            *("-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-days", "1", "-subj", f"/CN={name}", "-addext", f"subjectAltName={alt_name}"),
         ],
         check=True,
         capture_output=True,
     )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
+    return context, cert
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
+    context, _ = self_signed_certificate(tmp_path_factory.mktemp("tls"), "127.0.0.1", "IP:127.0.0.1")
     return context
 
 
@@ -435,17 +441,7 @@ async def test_a_name_with_an_unreachable_address_first_is_reached_at_the_next_o
 async def test_tls_to_a_name_with_a_trailing_dot_checks_the_name_without_it(
     servers: list[Server], tmp_path: Path
 ) -> None:
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        [
-            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)),
-            *("-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_side.load_cert_chain(cert, key)
+    server_side, cert = self_signed_certificate(tmp_path, "localhost", "DNS:localhost")
     server = await serve(servers, lambda r, w: answer_each(r, w, OK), tls=server_side)
     client = WebhookHttp(EgressResolver(parse_egress_allow("127.0.0.0/8"), Loopback()), max_idle=2)
     # This test's certificate as the only one trusted (the client uses the system's).
