@@ -1,7 +1,8 @@
 """Retention, like River's job cleaner: old history deleted in small batches by the reaper.
 
 - finished jobs (succeeded, cancelled, dead) whose `finished_at` is older than the retention
-  period, with their runs (ON DELETE CASCADE); a job that still has a dead letter is kept;
+  period, with their runs (in the same statement: runs have no foreign key to cascade
+  from, see tables.runs); a job that still has a dead letter is kept;
 - dead letters older than their own retention period, when one is set (default: kept until
   deleted through the API);
 - the runs of a recurring job beyond its newest N.
@@ -43,14 +44,16 @@ def _job_delete_finished_statement() -> Any:
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
     )
-    return delete(jobs).where(jobs.c.id.in_(victims.scalar_subquery()))
+    gone = delete(jobs).where(jobs.c.id.in_(victims.scalar_subquery())).returning(jobs.c.id).cte("gone")
+    runs_gone = delete(runs).where(runs.c.job_id.in_(select(gone.c.id))).cte("runs_gone")
+    return select(func.count()).select_from(gone).add_cte(runs_gone)
 
 
 async def job_delete_finished(conn: AsyncConnection, older_than_days: float, limit: int) -> int:
     """Deletes up to `limit` finished jobs (and their runs) finished more than `older_than_days`
     ago, oldest first (ix_jobs_finished); returns how many jobs."""
-    result = await conn.execute(_job_delete_finished_statement(), {"days": older_than_days, "limit": limit})
-    return int(result.rowcount)
+    deleted = await conn.scalar(_job_delete_finished_statement(), {"days": older_than_days, "limit": limit})
+    return int(deleted or 0)
 
 
 @functools.cache

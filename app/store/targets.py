@@ -141,8 +141,12 @@ async def target_rotate_secret(
 
 
 async def target_count_active_jobs(conn: AsyncConnection, target_id: uuid.UUID) -> int:
+    # With the target's tenant, so ix_jobs_tenant_active answers it.
+    tenant_id = select(targets.c.tenant_id).where(targets.c.id == target_id).scalar_subquery()
     stmt = select(func.count()).where(
-        jobs.c.target_id == target_id, jobs.c.state.not_in([s.value for s in TERMINAL_STATES])
+        jobs.c.tenant_id == tenant_id,
+        jobs.c.target_id == target_id,
+        jobs.c.state.not_in([s.value for s in TERMINAL_STATES]),
     )
     return int(await conn.scalar(stmt) or 0)
 
