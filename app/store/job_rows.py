@@ -4,6 +4,8 @@ one projection a claimed job is read with, and the lease columns of a job no one
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import json
 import uuid
 from typing import Any
 
@@ -31,7 +33,8 @@ CLAIMED_JOB_COLUMNS = (
     # The JSON text as stored: the delivery POSTs these bytes without decoding and encoding.
     cast(jobs.c.payload, Text).label("payload_json"),
     targets.c.url,
-    targets.c.headers,
+    # As text: decoded once per target (claimed_from_row), not once per claimed row.
+    cast(targets.c.headers, Text).label("headers_json"),
     targets.c.timeout_s,
     targets.c.signing_secret,
     # A rotated-out secret signs alongside the new one until its grace period ends.
@@ -74,6 +77,10 @@ def recurrence_from_row(row: RowMapping) -> Recurrence | None:
     schedule = schedule_from_row(row)
     if isinstance(schedule, OnceSchedule):
         return None
+    return _recurrence_from_row(row, schedule)
+
+
+def _recurrence_from_row(row: RowMapping, schedule: CronSchedule | IntervalSchedule) -> Recurrence:
     return Recurrence(
         schedule=schedule,
         anchor=row["schedule_anchor_at"],
@@ -124,13 +131,24 @@ def policy_columns(policy: RetryPolicy) -> dict[str, Any]:
 
 def claimed_from_row(row: RowMapping) -> ClaimedJob:
     """A row read with CLAIMED_JOB_COLUMNS."""
+    schedule = schedule_from_row(row)
+    retry_on_status = row["retry_on_status"]
+    target = _target_settings(
+        row["url"],
+        row["headers_json"],
+        row["timeout_s"],
+        row["signing_secret"],
+        row["previous_signing_secret"],
+        None if retry_on_status is None else tuple(retry_on_status),
+        row["target_max_in_flight"],
+    )
     return ClaimedJob(
         id=row["id"],
         partition=row["partition"],
         tenant_id=row["tenant_id"],
         target_id=row["target_id"],
         payload_json=row["payload_json"],
-        schedule=schedule_from_row(row),
+        schedule=schedule,
         schedule_anchor_at=row["schedule_anchor_at"],
         scheduled_for=row["scheduled_for"],
         occurrence_id=row["occurrence_id"],
@@ -140,21 +158,37 @@ def claimed_from_row(row: RowMapping) -> ClaimedJob:
         lease_owner=row["lease_owner"],
         claimed_at=row["claimed_at"],
         occurrence_claimed_at=row["occurrence_claimed_at"],
-        url=row["url"],
-        # Sealed at rest (app/keyring.py); opening is cached, so this costs a dict lookup.
-        headers=open_headers(row["headers"] or {}),
-        timeout_s=row["timeout_s"],
-        signing_secret=open_sealed(row["signing_secret"], SIGNING_SECRET),
-        previous_signing_secret=(
-            None
-            if row["previous_signing_secret"] is None
-            else open_sealed(row["previous_signing_secret"], SIGNING_SECRET)
-        ),
-        retry_on_status=None if row["retry_on_status"] is None else frozenset(row["retry_on_status"]),
-        recurrence=recurrence_from_row(row),
+        recurrence=None if isinstance(schedule, OnceSchedule) else _recurrence_from_row(row, schedule),
         occurrences_run=row["occurrences_run"],
-        target_max_in_flight=row["target_max_in_flight"],
+        **target,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _target_settings(
+    url: str,
+    headers_json: str | None,
+    timeout_s: float,
+    signing_secret: str,
+    previous_signing_secret: str | None,
+    retry_on_status: tuple[int, ...] | None,
+    max_in_flight: int | None,
+) -> dict[str, Any]:
+    """A claimed job's target fields, the same for every job of one target version: opened
+    (secrets and header values unsealed, app/keyring.py) once and shared by its jobs, which
+    never change them. Keyed by the stored values, so an edited or rotated target is a new
+    entry."""
+    return {
+        "url": url,
+        "headers": open_headers(json.loads(headers_json) if headers_json else {}),
+        "timeout_s": timeout_s,
+        "signing_secret": open_sealed(signing_secret, SIGNING_SECRET),
+        "previous_signing_secret": (
+            None if previous_signing_secret is None else open_sealed(previous_signing_secret, SIGNING_SECRET)
+        ),
+        "retry_on_status": None if retry_on_status is None else frozenset(retry_on_status),
+        "target_max_in_flight": max_in_flight,
+    }
 
 
 def job_change_columns(changes: JobChanges) -> dict[str, Any]:

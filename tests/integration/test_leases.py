@@ -15,6 +15,7 @@ from app.services.reaper import Reaper, ReaperConfig
 from app.store.claims import job_claim_due, job_release_claim
 from app.store.outcomes import job_finish_attempts
 from app.store.tables import dead_letters, jobs, runs
+from app.store.targets import target_get_signing_secret, target_rotate_secret, target_update
 from tests.factories import expire_leases, make_jobs, make_tenant_and_target
 
 
@@ -151,3 +152,26 @@ async def test_releasing_a_claim_gives_the_attempt_back(engine: AsyncEngine) -> 
         row = (await conn.execute(select(jobs).where(jobs.c.id == job_id))).mappings().one()
     assert row["state"].value == "scheduled" and row["attempt"] == 0 and row["run_at"] is not None
     assert row["lease_token"] is None
+
+
+async def test_a_claimed_job_carries_its_targets_settings_as_they_are_at_the_claim(engine: AsyncEngine) -> None:
+    """The target's part of a claimed job is opened once per target version and shared: an
+    edit or a rotation between two claims must reach the second one, every job of one claim
+    must carry the same settings, and the secrets come back opened (never sealed)."""
+    tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/a")
+    await make_jobs(engine, tenant, target, 2)
+    async with engine.begin() as conn:
+        first = await job_claim_due(conn, "r1", 10, 30)
+        secret = await target_get_signing_secret(conn, tenant, target)
+    assert [(j.url, j.headers, j.retry_on_status, j.signing_secret) for j in first] == [
+        ("http://127.0.0.1:9/a", {}, None, secret)
+    ] * 2
+    async with engine.begin() as conn:
+        changes = {"url": "http://127.0.0.1:9/b", "headers": {"X-Team": "blue"}, "retry_on_status": [418]}
+        await target_update(conn, tenant, target, changes)
+        new_secret = await target_rotate_secret(conn, tenant, target, grace_s=60)
+    await make_jobs(engine, tenant, target, 1)
+    async with engine.begin() as conn:
+        (second,) = await job_claim_due(conn, "r1", 10, 30)
+    assert (second.url, second.headers, second.retry_on_status) == ("http://127.0.0.1:9/b", {"X-Team": "blue"}, {418})
+    assert (second.signing_secret, second.previous_signing_secret) == (new_secret, secret)
