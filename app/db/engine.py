@@ -58,7 +58,13 @@ def create_engine(
     return create_async_engine(
         normalize_url(raw_url),
         execution_options=execution_options,
-        connect_args={"server_settings": server_settings},
+        connect_args={
+            "server_settings": server_settings,
+            # asyncpg keeps a prepared statement per connection only for SQL up to this size
+            # (15 KB by default); the claim's is ~17 KB (ten level scans), and re-preparing it
+            # on every claim cost PostgreSQL more than running it (app/db/driver.py).
+            "max_cacheable_statement_size": 64 * 1024,
+        },
         # Up to twice `pool_size` connections, all kept open: overflow connections would be
         # closed on return whenever more than `pool_size` are idle, so a steady load above
         # it (32 concurrent API requests) opened and closed a PostgreSQL session (a backend

@@ -134,7 +134,10 @@ class Scheduler:
         held = self.ownership.held()
         if not held:
             return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
-        async with self._engine.begin() as conn:
+        async with self._engine.connect() as conn:
+            # One statement, atomic on its own: no BEGIN and COMMIT round trips (the claim
+            # opens a transaction where it needs one).
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
             batch = await job_claim_batch(
                 conn,
                 self.config.replica_id,

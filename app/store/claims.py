@@ -10,12 +10,14 @@ never retries it blindly.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
 import logging
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy import (
@@ -39,6 +41,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import Grouping
 
+from app.db.driver import DriverStatement, driver_fetch_all
 from app.db.engine import GENERIC_PLANS
 from app.domain.fair_share import ClaimShares
 from app.domain.fire_times import Skipped
@@ -66,10 +69,10 @@ def _leased(job_id: uuid.UUID, lease_token: uuid.UUID) -> list[ColumnElement[boo
 
 
 @functools.cache
-def _claim_statement(fenced: bool, skipping_full: bool) -> Any:
+def _claim_statement(fenced: bool, skipping_full: bool) -> DriverStatement:
     """The claim, built once per (fencing, skipping full tenants/targets) with bind
-    parameters, so SQLAlchemy's compiled cache and asyncpg's prepared statement are reused
-    by every poll.
+    parameters and compiled once for the driver (app/db/driver.py), so asyncpg's prepared
+    statement is reused by every poll.
 
     One statement: the level scans lock candidates, `due` ranks them within the fair shares
     (app/store/claim_ranking.py), `claimed` leases the ones whose target has no delivery
@@ -110,7 +113,8 @@ def _claim_statement(fenced: bool, skipping_full: bool) -> Any:
         # (The cast makes ANY take the array, not the subquery's rows.)
         owned_array = cast(owned, ARRAY(SmallInteger))
         conditions.append((jobs.c.partition + literal_column("0::smallint")) == func.any(owned_array))
-    # Candidates not taken stay locked only until this transaction ends.
+    # Candidates not taken stay locked only until this transaction (in autocommit: this
+    # statement) ends.
     due = fair_ranking(candidate_scans(conditions, skipping_full))
     unlimited_ids = select(func.array_agg(due.c.id)).where(due.c.limited.is_(False))
     claimed = (
@@ -127,7 +131,7 @@ def _claim_statement(fenced: bool, skipping_full: bool) -> Any:
     )
     # One row even when nothing is due: the database's clock and the next due time.
     probe = select(func.now().label("db_now"), _next_due_at(fenced).label("next_due_at")).subquery("probe")
-    return (
+    claim = (
         select(
             *claimed.c,
             due.c.id.label("candidate_id"),
@@ -139,6 +143,7 @@ def _claim_statement(fenced: bool, skipping_full: bool) -> Any:
         .select_from(probe.outerjoin(due.outerjoin(claimed, claimed.c.id == due.c.id), true()))
         .order_by(due.c.rank)
     )
+    return DriverStatement(claim)
 
 
 def _lease_values() -> dict[str, Any]:
@@ -252,37 +257,86 @@ async def job_claim_batch(
     skipping_full = bool(params["full_tenants"] or params["full_targets"])
     if held is not None:
         params.update(held_partition_params(held))
-    # Candidates stay row-locked until commit: no other claimer can take them meanwhile.
-    if held is not None:
-        # The session's own setting where the engine says so (a scheduler's: no round trip).
-        sync = conn.sync_connection
-        generic_session = sync is not None and sync.get_execution_options().get(GENERIC_PLANS, False)
-        if not skipping_full and not generic_session:
-            await conn.execute(_GENERIC_PLAN)
-        elif skipping_full and generic_session:
-            await conn.execute(_CUSTOM_PLANS)
-    rows = (await conn.execute(_claim_statement(held is not None, skipping_full), params)).mappings().all()
-    db_now, next_due_at = rows[0]["db_now"], rows[0]["next_due_at"]
-    leased = [row for row in rows if row["id"] is not None]
-    limited_rows = [row for row in rows if row["candidate_limited"]]
-    if limited_rows:
-        wanted = Counter(row["candidate_target_id"] for row in limited_rows)
-        granted = await target_take_delivery_slots(conn, wanted)
-        ids = []
-        for row in limited_rows:  # in claim order: each limited target keeps its best jobs
-            if granted[row["candidate_target_id"]] > 0:
-                granted[row["candidate_target_id"]] -= 1
-                ids.append(row["candidate_id"])
-        if ids:
-            more = await conn.execute(_claim_limited_statement(), {"ids": ids, "owner": owner, "lease_s": lease_s})
-            leased.extend(more.mappings().all())
+    statement = _claim_statement(held is not None, skipping_full)
+    plan_setting = _plan_setting(conn, skipping_full) if held is not None else None
+    if plan_setting is None:
+        # In autocommit (the scheduler's), one round trip on the driver: no BEGIN, no COMMIT,
+        # none of SQLAlchemy's execution around 100 rows (app/db/driver.py).
+        rows = await _claim_rows(conn, statement, params, owner, lease_s)
+    else:
+        async with _transaction(conn):  # SET LOCAL holds for the claim's transaction only
+            await conn.execute(plan_setting)
+            rows = await _claim_rows(conn, statement, params, owner, lease_s)
+    db_now, next_due_at = rows.db_now, rows.next_due_at
     claimed: list[ClaimedJob] = []
-    for row in leased:
+    for row in rows.leased:
         try:
             claimed.append(claimed_from_row(row))
         except Exception as exc:  # one row that cannot be loaded must not stop every delivery
             await _job_quarantine(conn, row["id"], row["lease_token"], f"{type(exc).__name__}: {exc}"[:300])
     return ClaimBatch(claimed, db_now, next_due_at)
+
+
+def _plan_setting(conn: AsyncConnection, skipping_full: bool) -> Any:
+    """The plan cache mode the fenced claim needs, when the session's is not it (None: it is).
+    A scheduler's sessions run on generic plans (no round trip)."""
+    sync = conn.sync_connection
+    generic_session = sync is not None and sync.get_execution_options().get(GENERIC_PLANS, False)
+    if not skipping_full and not generic_session:
+        return _GENERIC_PLAN
+    if skipping_full and generic_session:
+        return _CUSTOM_PLANS
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClaimRows:
+    # The driver's rows (dicts), or SQLAlchemy's (RowMapping) inside a caller's transaction.
+    leased: list[Any]
+    db_now: dt.datetime
+    next_due_at: dt.datetime | None
+
+
+async def _claim_rows(
+    conn: AsyncConnection, statement: DriverStatement, params: dict[str, Any], owner: str, lease_s: float
+) -> _ClaimRows:
+    """The claim statement's leased rows, and the candidates of limited targets leased as far
+    as their delivery slots allow."""
+    rows = await driver_fetch_all(conn, statement, params)
+    leased: list[Any] = [row for row in rows if row["id"] is not None]
+    limited_rows = [row for row in rows if row["candidate_limited"]]
+    if limited_rows:
+        # Inside the caller's transaction the candidates are still row-locked. In autocommit
+        # their locks went with the claim statement: another claimer may lease some of them
+        # meanwhile, which the guarded UPDATE then skips (its slots stay unused this once).
+        async with _transaction(conn):
+            wanted = Counter(row["candidate_target_id"] for row in limited_rows)
+            granted = await target_take_delivery_slots(conn, wanted)
+            ids = []
+            for row in limited_rows:  # in claim order: each limited target keeps its best jobs
+                if granted[row["candidate_target_id"]] > 0:
+                    granted[row["candidate_target_id"]] -= 1
+                    ids.append(row["candidate_id"])
+            if ids:
+                more = await conn.execute(_claim_limited_statement(), {"ids": ids, "owner": owner, "lease_s": lease_s})
+                leased.extend(more.mappings().all())
+    return _ClaimRows(leased, rows[0]["db_now"], rows[0]["next_due_at"])
+
+
+@contextlib.asynccontextmanager
+async def _transaction(conn: AsyncConnection) -> AsyncIterator[None]:
+    """A transaction for the block: the caller's, or on an autocommit connection one of its
+    own (committed at the end, rolled back on an error), after which it is autocommit again."""
+    sync = conn.sync_connection
+    if sync is None or sync.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+        yield
+        return
+    await conn.execution_options(isolation_level="READ COMMITTED")
+    try:
+        async with conn.begin():
+            yield
+    finally:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def _next_due_at(fenced: bool) -> Any:

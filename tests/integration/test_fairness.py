@@ -127,3 +127,50 @@ async def test_a_scheduler_session_on_generic_plans_claims_the_same_and_plans_th
         assert sorted(job.id for job in plain.jobs) == sorted(noisy_jobs)
     finally:
         await scheduler_engine.dispose()
+
+
+async def test_the_schedulers_autocommit_claim_commits_its_leases_and_keeps_target_limits(
+    db_url: str, engine: AsyncEngine
+) -> None:
+    """A scheduler claims on an autocommit connection (one statement on the driver); the
+    candidates of a target with max_in_flight are leased in a transaction of their own."""
+    from sqlalchemy import func, select, text
+
+    from app.db.engine import create_engine
+    from app.domain.partition import PARTITION_COUNT
+    from app.store.tables import jobs
+
+    tenant, capped = await make_tenant_and_target(engine, UNUSED)
+    async with engine.begin() as conn:
+        row, _ = await target_create(conn, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=9)
+        await conn.execute(
+            text("UPDATE partition_leases SET owner = 'r', epoch = 3, expires_at = now() + interval '1 hour'")
+        )
+    explicit: uuid.UUID = row["id"]
+    await make_jobs(engine, tenant, capped, 20, due_in_s=-10)
+    await make_jobs(engine, tenant, explicit, 20, due_in_s=-5)
+    held = dict.fromkeys(range(PARTITION_COUNT), 3)
+    scheduler_engine = create_engine(db_url, pool_size=1, generic_plans=True)
+    try:
+        async with scheduler_engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            batch = await job_claim_batch(conn, "r", 100, 30, held, shares=ClaimShares(tenant_share=100, target_cap=5))
+            assert Counter(job.target_id for job in batch.jobs) == {capped: 5, explicit: 9}
+            assert conn.sync_connection is not None
+            assert conn.sync_connection.get_execution_options()["isolation_level"] == "AUTOCOMMIT"
+            # A full tenant: the skipping claim plans afresh in a transaction of its own, and
+            # the session stays on generic plans.
+            full = ClaimShares(tenant_free={tenant: 0}, tenant_share=100, target_cap=5)
+            assert (await job_claim_batch(conn, "r", 100, 30, held, shares=full)).jobs == []
+            assert await conn.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"
+        # Committed: another session sees the leases, and the limited target at its limit.
+        async with engine.connect() as other:
+            running = select(jobs.c.target_id, func.count()).where(jobs.c.state == "running", jobs.c.lease_owner == "r")
+            counts = dict(tuple(row) for row in await other.execute(running.group_by(jobs.c.target_id)))
+        assert counts == {capped: 5, explicit: 9}
+        async with scheduler_engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            more = await job_claim_batch(conn, "r", 100, 30, held, shares=ClaimShares(tenant_share=100, target_cap=20))
+        assert Counter(job.target_id for job in more.jobs) == {capped: 15}, "the limited target is full"
+    finally:
+        await scheduler_engine.dispose()

@@ -36,6 +36,8 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     # PATCH: a new schedule or new bounds make a waiting job scheduled (a paused one stays paused).
     ("jobs", "job_update"): (CHANGEABLE_STATES, (S.SCHEDULED,)),
     ("claims", "job_claim_batch"): (CLAIMABLE_STATES, (S.RUNNING,)),
+    # Leases a limited target's candidates once it has their delivery slots.
+    ("claims", "_claim_rows"): (CLAIMABLE_STATES, (S.RUNNING,)),
     ("claims", "_job_quarantine"): (RUNNING, (S.PAUSED,)),
     ("claims", "job_release_claim"): (RUNNING, (S.SCHEDULED, S.RETRYING)),
     # The parent moves on; its child is inserted running (it carries the claim on).
