@@ -68,6 +68,29 @@ def _leased(job_id: uuid.UUID, lease_token: uuid.UUID) -> list[ColumnElement[boo
     return [jobs.c.id == job_id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == lease_token]
 
 
+def _owned_partitions() -> Any:
+    """The partitions still owned by `owner` under the epochs held, as one array (an
+    initplan): one pass over the lease table's few pages. The held epochs travel as one array
+    indexed by partition (NULL where not held), not as pairs to join: the planner joined 256
+    pairs to 256 rows by nested loop (9 ms a claim). (As array text, cast by the server: see
+    held_partition_params.)"""
+    # The cast as its own scalar subquery (an initplan): written inline, a generic plan
+    # parsed the 256-element array text once per lease row (2 ms of every claim).
+    epochs = select(cast(bindparam("epoch_by_partition", type_=Text), ARRAY(BigInteger))).scalar_subquery()
+    epoch_held = func.coalesce(Grouping(epochs)[partition_leases.c.partition + 1], -1)
+    owned = (
+        select(func.array_agg(partition_leases.c.partition))
+        .where(
+            partition_leases.c.owner == bindparam("owner", type_=Text),
+            partition_leases.c.expires_at > func.now(),
+            partition_leases.c.epoch == epoch_held,
+        )
+        .scalar_subquery()
+    )
+    # The cast makes ANY take the array, not the subquery's rows.
+    return cast(owned, ARRAY(SmallInteger))
+
+
 @functools.cache
 def _claim_statement(fenced: bool, skipping_full: bool) -> DriverStatement:
     """The claim, built once per (fencing, skipping full tenants/targets) with bind
@@ -88,31 +111,11 @@ def _claim_statement(fenced: bool, skipping_full: bool) -> DriverStatement:
         jobs.c.target_id.not_in(select(saturated.c.id)),
     ]
     if fenced:
-        # The partitions still owned under the epochs held, as one array (an initplan): one
-        # pass over the lease table's few pages. The held epochs travel as one array indexed
-        # by partition (NULL where not held), not as pairs to join: the planner joined 256
-        # pairs to 256 rows by nested loop (9 ms a claim).
-        # (As array text, cast by the server: see held_partition_params.)
-        # The cast as its own scalar subquery (an initplan): written inline, a generic plan
-        # parsed the 256-element array text once per lease row (2 ms of every claim).
-        epochs = select(cast(bindparam("epoch_by_partition", type_=Text), ARRAY(BigInteger))).scalar_subquery()
-        epoch_held = func.coalesce(Grouping(epochs)[partition_leases.c.partition + 1], -1)
-        owned = (
-            select(func.array_agg(partition_leases.c.partition))
-            .where(
-                partition_leases.c.owner == bindparam("owner", type_=Text),
-                partition_leases.c.expires_at > func.now(),
-                partition_leases.c.epoch == epoch_held,
-            )
-            .scalar_subquery()
-        )
         # `partition + 0`: a filter on the level scans of ix_jobs_due (in due order, stopping
         # at `limit`), never an index condition. Driven by ix_jobs_partition_due instead, a
         # scan reads and sorts every due job of the held partitions before taking `limit`:
         # a claim's cost would grow with the backlog (33 ms for 20,000 due jobs, 6 ms now).
-        # (The cast makes ANY take the array, not the subquery's rows.)
-        owned_array = cast(owned, ARRAY(SmallInteger))
-        conditions.append((jobs.c.partition + literal_column("0::smallint")) == func.any(owned_array))
+        conditions.append((jobs.c.partition + literal_column("0::smallint")) == func.any(_owned_partitions()))
     # Candidates not taken stay locked only until this transaction (in autocommit: this
     # statement) ends.
     due = fair_ranking(candidate_scans(conditions, skipping_full))
@@ -162,19 +165,40 @@ def _lease_values() -> dict[str, Any]:
     }
 
 
+def _limited_conditions(fenced: bool) -> list[ColumnElement[bool]]:
+    """The candidates of limited targets (`ids`) that are still claimable: waiting, due, and
+    (fenced) in a partition still held. Checked again because in autocommit the claim
+    statement's row locks are gone: another replica may have delivered one meanwhile and put
+    it back to wait for its retry, or a user may have rescheduled it."""
+    conditions = [
+        jobs.c.id == func.any(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
+        state_in(CLAIMABLE_STATES),
+        jobs.c.run_at <= func.now(),
+    ]
+    if fenced:
+        conditions.append(jobs.c.partition == func.any(_owned_partitions()))
+    return conditions
+
+
 @functools.cache
-def _claim_limited_statement() -> Any:
-    """Leases the candidates of limited targets that got delivery slots (still row-locked by
-    this transaction's claim statement)."""
-    ids = bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))
+def _lock_limited_statement(fenced: bool) -> Any:
+    """Locks the limited candidates still claimable, for the slots and the lease that follow
+    in the same transaction."""
+    return (
+        select(jobs.c.id, jobs.c.target_id)
+        .where(*_limited_conditions(fenced))
+        .with_for_update(skip_locked=True, of=jobs)
+    )
+
+
+@functools.cache
+def _claim_limited_statement(fenced: bool) -> Any:
+    """Leases the candidates of limited targets that got delivery slots (row-locked by this
+    transaction)."""
     return (
         update(jobs)
         .values(**_lease_values())
-        .where(
-            jobs.c.id == func.any(ids),
-            state_in(CLAIMABLE_STATES),
-            targets.c.id == jobs.c.target_id,
-        )
+        .where(*_limited_conditions(fenced), targets.c.id == jobs.c.target_id)
         .returning(*CLAIMED_JOB_COLUMNS)
     )
 
@@ -306,29 +330,59 @@ async def _claim_rows(
     leased: list[Any] = [row for row in rows if row["id"] is not None]
     limited_rows = [row for row in rows if row["candidate_limited"]]
     if limited_rows:
-        # Inside the caller's transaction the candidates are still row-locked. In autocommit
-        # their locks went with the claim statement: another claimer may lease some of them
-        # meanwhile, which the guarded UPDATE then skips (its slots stay unused this once).
-        async with _transaction(conn):
-            wanted = Counter(row["candidate_target_id"] for row in limited_rows)
-            granted = await target_take_delivery_slots(conn, wanted)
-            ids = []
-            for row in limited_rows:  # in claim order: each limited target keeps its best jobs
-                if granted[row["candidate_target_id"]] > 0:
-                    granted[row["candidate_target_id"]] -= 1
-                    ids.append(row["candidate_id"])
-            if ids:
-                more = await conn.execute(_claim_limited_statement(), {"ids": ids, "owner": owner, "lease_s": lease_s})
-                leased.extend(more.mappings().all())
+        autocommit = _autocommit(conn)
+        try:
+            leased.extend(await _lease_limited(conn, limited_rows, params, owner, lease_s))
+        except Exception as exc:
+            if not autocommit:
+                raise
+            # The unlimited jobs are leased and committed already: deliver them rather than
+            # leave their leases to expire (the reaper would count an attempt never made).
+            log_event(logger, "claim_limited_failed", logging.WARNING, error=type(exc).__name__)
     return _ClaimRows(leased, rows[0]["db_now"], rows[0]["next_due_at"])
+
+
+async def _lease_limited(
+    conn: AsyncConnection, limited_rows: list[Any], params: dict[str, Any], owner: str, lease_s: float
+) -> list[Any]:
+    """Takes delivery slots for the limited targets' candidates and leases the granted ones,
+    in one transaction (the caller's, or one of its own on an autocommit connection, where
+    the claim statement's row locks are gone: the candidates are locked again, each checked
+    to be still waiting, due and held)."""
+    fenced = "epoch_by_partition" in params
+    values = {"ids": [row["candidate_id"] for row in limited_rows], "owner": owner, "lease_s": lease_s}
+    if fenced:
+        values["epoch_by_partition"] = params["epoch_by_partition"]
+    async with _transaction(conn):
+        still = set((await conn.execute(_lock_limited_statement(fenced), values)).scalars())
+        candidates = [row for row in limited_rows if row["candidate_id"] in still]
+        if not candidates:
+            return []
+        granted = await target_take_delivery_slots(conn, Counter(row["candidate_target_id"] for row in candidates))
+        ids = []
+        for row in candidates:  # in claim order: each limited target keeps its best jobs
+            if granted[row["candidate_target_id"]] > 0:
+                granted[row["candidate_target_id"]] -= 1
+                ids.append(row["candidate_id"])
+        if not ids:
+            return []
+        more = await conn.execute(_claim_limited_statement(fenced), {**values, "ids": ids})
+        return list(more.mappings().all())
+
+
+def _autocommit(conn: AsyncConnection) -> bool:
+    """Whether the connection runs each statement on its own (as app/db/driver.py decides)."""
+    sync = conn.sync_connection
+    if sync is None or sync.closed or sync.invalidated:
+        return False
+    return bool(getattr(sync.connection.dbapi_connection, "autocommit", False))
 
 
 @contextlib.asynccontextmanager
 async def _transaction(conn: AsyncConnection) -> AsyncIterator[None]:
     """A transaction for the block: the caller's, or on an autocommit connection one of its
     own (committed at the end, rolled back on an error), after which it is autocommit again."""
-    sync = conn.sync_connection
-    if sync is None or sync.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+    if not _autocommit(conn):
         yield
         return
     await conn.execution_options(isolation_level="READ COMMITTED")
@@ -336,7 +390,11 @@ async def _transaction(conn: AsyncConnection) -> AsyncIterator[None]:
         async with conn.begin():
             yield
     finally:
-        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        sync = conn.sync_connection
+        # An invalidated connection (dead, or cancelled mid-statement) is not set back: that
+        # would check out a new one, and the pool resets the level on return anyway.
+        if sync is not None and not sync.closed and not sync.invalidated:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def _next_due_at(fenced: bool) -> Any:

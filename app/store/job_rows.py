@@ -180,7 +180,7 @@ def _target_settings(
     entry."""
     return {
         "url": url,
-        "headers": open_headers(json.loads(headers_json) if headers_json else {}),
+        "headers": open_headers((json.loads(headers_json) if headers_json else None) or {}),
         "timeout_s": timeout_s,
         "signing_secret": open_sealed(signing_secret, SIGNING_SECRET),
         "previous_signing_secret": (

@@ -174,3 +174,34 @@ async def test_the_schedulers_autocommit_claim_commits_its_leases_and_keeps_targ
         assert Counter(job.target_id for job in more.jobs) == {capped: 15}, "the limited target is full"
     finally:
         await scheduler_engine.dispose()
+
+
+async def test_a_limited_candidate_rescheduled_after_the_autocommit_claim_is_not_leased(
+    db_url: str, engine: AsyncEngine
+) -> None:
+    """In autocommit the claim statement's row locks end with it: before a limited target's
+    candidates are leased they are locked again and must still be waiting and due."""
+    from sqlalchemy import func, text, update
+
+    from app.db.engine import create_engine
+    from app.store.claims import _lease_limited
+    from app.store.tables import jobs
+
+    tenant, _ = await make_tenant_and_target(engine, UNUSED)
+    async with engine.begin() as conn:
+        row, _ = await target_create(conn, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=5)
+    limited: uuid.UUID = row["id"]
+    due, later = await make_jobs(engine, tenant, limited, 2, due_in_s=-5)
+    candidates = [{"candidate_id": job_id, "candidate_target_id": limited} for job_id in (due, later)]
+    # Meanwhile one of them was delivered elsewhere and waits for its retry.
+    async with engine.begin() as conn:
+        an_hour_on = func.now() + text("interval '1 hour'")
+        await conn.execute(update(jobs).where(jobs.c.id == later).values(state="retrying", run_at=an_hour_on))
+    scheduler_engine = create_engine(db_url, pool_size=1, generic_plans=True)
+    try:
+        async with scheduler_engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            leased = await _lease_limited(conn, candidates, {}, "r", 30)
+    finally:
+        await scheduler_engine.dispose()
+    assert [lease["id"] for lease in leased] == [due]

@@ -37,7 +37,7 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     ("jobs", "job_update"): (CHANGEABLE_STATES, (S.SCHEDULED,)),
     ("claims", "job_claim_batch"): (CLAIMABLE_STATES, (S.RUNNING,)),
     # Leases a limited target's candidates once it has their delivery slots.
-    ("claims", "_claim_rows"): (CLAIMABLE_STATES, (S.RUNNING,)),
+    ("claims", "_lease_limited"): (CLAIMABLE_STATES, (S.RUNNING,)),
     ("claims", "_job_quarantine"): (RUNNING, (S.PAUSED,)),
     ("claims", "job_release_claim"): (RUNNING, (S.SCHEDULED, S.RETRYING)),
     # The parent moves on; its child is inserted running (it carries the claim on).
