@@ -106,6 +106,15 @@ async def driver_fetch_all(
     return await _fetch(conn, statement, values, one=False)
 
 
+def in_autocommit(conn: AsyncConnection) -> bool:
+    """Whether the connection runs each statement on its own: the driver path's condition
+    (and the claim's, app/store/claims.py, for when it must open a transaction itself)."""
+    sync = conn.sync_connection
+    if sync is None or sync.closed or sync.invalidated:
+        return False
+    return bool(getattr(sync.connection.dbapi_connection, "autocommit", False))
+
+
 async def _fetch(
     conn: AsyncConnection, statement: DriverStatement, values: Mapping[str, Any], one: bool
 ) -> list[Mapping[str, Any]]:

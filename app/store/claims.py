@@ -41,7 +41,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import Grouping
 
-from app.db.driver import DriverStatement, driver_fetch_all
+from app.db.driver import DriverStatement, driver_fetch_all, in_autocommit
 from app.db.engine import GENERIC_PLANS
 from app.domain.fair_share import ClaimShares
 from app.domain.fire_times import Skipped
@@ -330,7 +330,7 @@ async def _claim_rows(
     leased: list[Any] = [row for row in rows if row["id"] is not None]
     limited_rows = [row for row in rows if row["candidate_limited"]]
     if limited_rows:
-        autocommit = _autocommit(conn)
+        autocommit = in_autocommit(conn)
         try:
             leased.extend(await _lease_limited(conn, limited_rows, params, owner, lease_s))
         except Exception as exc:
@@ -370,19 +370,11 @@ async def _lease_limited(
         return list(more.mappings().all())
 
 
-def _autocommit(conn: AsyncConnection) -> bool:
-    """Whether the connection runs each statement on its own (as app/db/driver.py decides)."""
-    sync = conn.sync_connection
-    if sync is None or sync.closed or sync.invalidated:
-        return False
-    return bool(getattr(sync.connection.dbapi_connection, "autocommit", False))
-
-
 @contextlib.asynccontextmanager
 async def _transaction(conn: AsyncConnection) -> AsyncIterator[None]:
     """A transaction for the block: the caller's, or on an autocommit connection one of its
     own (committed at the end, rolled back on an error), after which it is autocommit again."""
-    if not _autocommit(conn):
+    if not in_autocommit(conn):
         yield
         return
     await conn.execution_options(isolation_level="READ COMMITTED")
