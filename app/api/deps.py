@@ -126,12 +126,13 @@ async def _lookup(conn: AsyncConnection, key: str) -> KeyMatch | None:
     # One indexed lookup by hash on every request, no cache: a revoked key fails at once.
     if not plausible_api_key(key):
         return None
-    return await once_more_if_dead(lambda: api_key_caller(conn, key), lambda: _fresh_connection(conn))
+    return await once_more_if_dead(lambda: api_key_caller(conn, key), lambda: fresh_connection(conn))
 
 
-async def _fresh_connection(conn: AsyncConnection) -> None:
-    # End the dead connection's transaction, which lets the next statement take a fresh
-    # connection, keeping this connection's isolation level.
+async def fresh_connection(conn: AsyncConnection) -> None:
+    """After a statement found `conn`'s pooled connection dead: ends its transaction, which
+    lets the next statement take a fresh connection, keeping this connection's isolation
+    level."""
     assert conn.sync_connection is not None
     level = conn.sync_connection.get_execution_options().get("isolation_level")
     await conn.rollback()

@@ -7,6 +7,11 @@ that JobCreate accepts, no Idempotency-Key. It runs the route's own steps (admis
 look-up, `create_one` in app/api/routes/jobs.py) and answers errors with the app's own
 exception handlers, so a client cannot tell the two paths apart.
 
+A key this process has authenticated before (KnownKeys) skips the look-up's round trip: for
+a job at a given instant, one INSERT checks the key and writes the job and its audit row
+(`create_for_known_key`). Whatever that does not write (a revoked key, a refusal) is then
+answered by the full steps, which check the key first, as the route does.
+
 Anything else (another header set, a body FastAPI would refuse, a throttled address) goes to
 the FastAPI route untouched, with its body replayed, before this path has had any effect: the
 route stays the reference and the published contract (OpenAPI). The point of no return is the
@@ -15,7 +20,9 @@ request-rate admission, which counts the request.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +33,13 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import admit_key, authenticate, client_address
+from app.api.errors import Problem
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
-from app.api.routes.jobs import create_one
-from app.api.schemas.jobs import JobCreate
+from app.api.routes.jobs import create_for_known_key, create_one
+from app.api.schemas.jobs import JobCreate, JobPublic
 from app.logs import REQUEST_ID
+from app.store.tenants import Caller as KeyMatch
+from app.store.tenants import hash_api_key
 
 PATH = "/v1/jobs"
 _IDEMPOTENCY = IDEMPOTENCY_HEADER.lower().encode()
@@ -93,6 +103,7 @@ def _body_model(body: bytes) -> JobCreate | None:
 class LeanCreate:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.known_keys = KnownKeys()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
@@ -123,13 +134,68 @@ class LeanCreate:
     async def _create(self, address: str, key: str, model: JobCreate, state: Any) -> Response:
         quotas = state.quotas
         await admit_key(quotas, key)
+        key_hash = hash_api_key(key)
+        request_id = REQUEST_ID.get()
         # As the route's CreateConn: autocommit, and the connection is back in the pool before
         # the response is sent.
         async with state.engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            creator = await authenticate(address, conn, key, quotas)
-            job = await create_one(conn, creator, model, state.settings, quotas, REQUEST_ID.get())
-        return Response(job.model_dump_json(), status_code=201, media_type="application/json")
+            known = self.known_keys.caller(key_hash)
+            if known is not None:
+                created = await create_for_known_key(conn, known, key_hash, model, state.settings, quotas, request_id)
+                if created is not None:
+                    job, now = created
+                    self.known_keys.saw(now)
+                    return _created(job)
+            try:
+                creator = await authenticate(address, conn, key, quotas)
+            except Problem:
+                self.known_keys.forget(key_hash)
+                raise
+            self.known_keys.remember(key_hash, creator)
+            job = await create_one(conn, creator, model, state.settings, quotas, request_id)
+        return _created(job)
+
+
+def _created(job: JobPublic) -> Response:
+    return Response(job.model_dump_json(), status_code=201, media_type="application/json")
+
+
+class KnownKeys:
+    """The keys this process has authenticated, by hash: their tenant and key id, which never
+    change for a key. Not an authentication cache: a create for a known key goes in one
+    statement that checks the key again (app/api/routes/jobs.py, create_for_known_key), which
+    spares the look-up's round trip. Also the database's clock as last seen (`now`), which
+    only moves forward here.
+
+    Bounded: past MAX_KEYS the oldest entry is dropped (a key then takes the full path once)."""
+
+    MAX_KEYS = 10_000
+
+    def __init__(self) -> None:
+        self._keys: dict[str, tuple[uuid.UUID, uuid.UUID]] = {}
+        self.now: dt.datetime | None = None
+
+    def caller(self, key_hash: str) -> KeyMatch | None:
+        """The key's tenant and id, with the clock as last seen; None for a key not known yet
+        (or before any clock was seen)."""
+        found = self._keys.get(key_hash)
+        if found is None or self.now is None:
+            return None
+        return KeyMatch(found[0], found[1], self.now)
+
+    def remember(self, key_hash: str, caller: KeyMatch) -> None:
+        if key_hash not in self._keys and len(self._keys) >= self.MAX_KEYS:
+            del self._keys[next(iter(self._keys))]
+        self._keys[key_hash] = (caller.tenant_id, caller.api_key_id)
+        self.saw(caller.now)
+
+    def forget(self, key_hash: str) -> None:
+        self._keys.pop(key_hash, None)
+
+    def saw(self, now: dt.datetime) -> None:
+        if self.now is None or now > self.now:
+            self.now = now
 
 
 def _handler_for(app: FastAPI, exc: Exception) -> Any:

@@ -31,6 +31,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     column,
+    exists,
     func,
     literal,
     select,
@@ -48,7 +49,7 @@ from app.domain.partition import partition_for
 from app.domain.states import TERMINAL_STATES, JobState
 from app.ids import new_id, new_ids
 from app.store.job_rows import policy_columns, recurrence_columns, schedule_columns
-from app.store.tables import DEDUP_KEY_LIVE, audit_log, job_state, jobs, targets
+from app.store.tables import DEDUP_KEY_LIVE, api_keys, audit_log, job_state, jobs, targets
 
 _UUID = UUID(as_uuid=True)
 _TS = jobs.c.scheduled_for.type
@@ -142,19 +143,27 @@ def _build_create_checked(returning: Sequence[Any]) -> Any:
     )
 
 
-def _build_create_one() -> Any:
-    """The single create with plain parameters: arrays of one cost more to encode than the row."""
+def _build_create_one(key_checked: bool = False) -> Any:
+    """The single create with plain parameters: arrays of one cost more to encode than the row.
+    `key_checked`: the row goes in only if the API key (by hash) is live and is the audit
+    row's key of this tenant, and the database's now() comes back with it (`db_now`)."""
     tenant_id = bindparam("tenant_id", type_=_UUID)
-    live = (
-        select(targets.c.id)
-        .where(
-            targets.c.id == bindparam("target_id", type_=_UUID),
-            targets.c.tenant_id == tenant_id,
-            targets.c.deleted_at.is_(None),
+    conditions = [
+        targets.c.id == bindparam("target_id", type_=_UUID),
+        targets.c.tenant_id == tenant_id,
+        targets.c.deleted_at.is_(None),
+    ]
+    if key_checked:
+        # In the INSERT's own snapshot: a key revoked before it started creates nothing.
+        conditions.append(
+            exists().where(
+                api_keys.c.key_hash == bindparam("key_hash", type_=Text()),
+                api_keys.c.id == bindparam("audit_api_key_id", type_=_UUID),
+                api_keys.c.tenant_id == tenant_id,
+                api_keys.c.revoked_at.is_(None),
+            )
         )
-        .with_for_update(read=True)
-        .cte("live_target")
-    )
+    live = select(targets.c.id).where(*conditions).with_for_update(read=True).cte("live_target")
     values: dict[str, ColumnElement[Any]] = {name: bindparam(name, type_=type_) for name, type_ in _ARRAYS}
     values.update(
         tenant_id=tenant_id,
@@ -186,7 +195,8 @@ def _build_create_one() -> Any:
         .from_select(["tenant_id", "api_key_id", "actor", "action", "object_id", "request_id"], audit_row)
         .cte("audited")
     )
-    return select(*created.c).add_cte(audited)
+    columns = [*created.c, func.now().label("db_now")] if key_checked else list(created.c)
+    return select(*columns).add_cte(audited)
 
 
 # Built once: every create hits SQLAlchemy's compiled cache and asyncpg's prepared statements.
@@ -194,6 +204,7 @@ _INSERT_MANY = _build_insert_many()
 _CREATE_ONE = _build_create_one()
 # The API's single create runs on the driver's connection (app/db/driver.py).
 _CREATE_ONE_ON_DRIVER = DriverStatement(_CREATE_ONE)
+_CREATE_ONE_FOR_KEY = DriverStatement(_build_create_one(key_checked=True))
 _CREATE_MANY = _build_create_checked([jobs.c.id])
 _LIVE_TARGETS = select(targets.c.id).where(
     targets.c.id == any_(bindparam("target_ids", type_=ARRAY(_UUID))),
@@ -318,6 +329,25 @@ async def job_create_checked(
         if job.id in reasons:
             return reasons[job.id]
     raise RuntimeError("a job's dedup_key stayed held by a job that could not be found")
+
+
+async def job_create_for_key(
+    conn: AsyncConnection, tenant_id: uuid.UUID, key_hash: str, job: PreparedJob, audit: JobAudit
+) -> Mapping[str, Any] | None:
+    """`job_create_checked` for a caller not yet authenticated by this request: the same one
+    statement also checks that the key (`key_hash`, `audit.api_key_id`) is live and the
+    tenant's. The row (with `db_now`, the database's clock) or None when nothing was written:
+    a dead key, no such target, a held dedup_key; the caller then takes the full path, which
+    says which."""
+    parameters = {
+        "tenant_id": tenant_id,
+        **_row(job),
+        "key_hash": key_hash,
+        "audit_api_key_id": audit.api_key_id,
+        "audit_action": audit.action,
+        "audit_request_id": audit.request_id,
+    }
+    return await driver_fetch_one(conn, _CREATE_ONE_FOR_KEY, parameters)
 
 
 async def job_create_many_checked(

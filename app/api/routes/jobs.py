@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import Annotated
 
@@ -11,19 +12,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.audit import Audited, request_id_of
 from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job
-from app.api.deps import Conn, CreateConn, Creator, QuotasDep, SettingsDep, TenantId
+from app.api.deps import Conn, CreateConn, Creator, QuotasDep, SettingsDep, TenantId, fresh_connection
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.quota_checks import ensure_job_within_quotas
 from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public
 from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
-from app.domain.job_plan import plan_create
+from app.db.errors import is_transient_db_error
+from app.domain.job_plan import PlanError, plan_create
+from app.domain.schedule import ScheduleError
 from app.domain.states import JobState
 from app.settings import Settings
 from app.store import jobs as store
 from app.store.audit import audit_append
-from app.store.job_inserts import JobAudit, NotCreated, PreparedJob, job_create_checked
+from app.store.job_inserts import JobAudit, NotCreated, PreparedJob, job_create_checked, job_create_for_key
 from app.store.pagination import decode_int_cursor, decode_time_id_cursor, encode_cursor
 from app.store.runs import run_list_for_job
 from app.store.tenants import Caller as KeyMatch
@@ -87,6 +90,56 @@ async def create_one(
     if isinstance(created, NotCreated):
         raise not_created_problem(created)
     return job_public(created)
+
+
+async def create_for_known_key(
+    conn: AsyncConnection,
+    known: KeyMatch,
+    key_hash: str,
+    body: JobCreate,
+    settings: Settings,
+    quotas: Quotas,
+    request_id: str | None,
+) -> tuple[JobPublic, dt.datetime] | None:
+    """create_one in one round trip, for a key this process has authenticated before (the
+    lean path, app/api/lean_create.py): the INSERT checks the key itself, in its own snapshot,
+    so a revoked key creates nothing. Returns the job and the database's now(), or None when
+    nothing was written (a dead key, a refusal of any kind): create_one, after a key look-up,
+    then answers as it always does.
+
+    Only a job at a given instant (`run_at`): planning it reads the clock only to bound the
+    instant ahead, and `known.now` (the database's now() as this process last saw it) is
+    earlier than the database's: an instant it accepts, the true clock accepts too. A delay
+    or a recurring schedule is planned from the clock itself: create_one."""
+    if body.run_at is None:
+        return None
+    tenant_id = known.tenant_id
+    try:
+        payload = ensure_payload_fits(body.payload, settings)
+        new = plan_create(body, tenant_id, settings.default_retry_policy, known.now)
+        await ensure_job_within_quotas(conn, quotas, tenant_id, new.schedule, new.policy, known.now)
+    except (Problem, ScheduleError, PlanError):
+        return None  # answered by create_one, after the key is checked (a revoked key is a 401)
+    prepared = PreparedJob.of(new, payload)
+    audit = JobAudit(api_key_id=known.api_key_id, request_id=request_id, action=CREATE_JOB)
+    try:
+        row = await job_create_for_key(conn, tenant_id, key_hash, prepared, audit)
+    except Exception as exc:
+        if not is_transient_db_error(exc):
+            raise
+        # The INSERT is the request's first statement, on a pooled connection that may have
+        # died (a restarted database). In autocommit it may also have committed just before:
+        # the job's id is ours, so look for it on a fresh connection.
+        await fresh_connection(conn)
+        found = await store.job_get(conn, tenant_id, prepared.id)
+        if found is None:
+            quotas.jobs_created(tenant_id, -1)
+            return None
+        return job_public(found), known.now
+    if row is None:
+        quotas.jobs_created(tenant_id, -1)  # counted by ensure_job_within_quotas; create_one counts again
+        return None
+    return job_public(row), row["db_now"]
 
 
 def not_created_problem(reason: NotCreated, field_prefix: str = "") -> Problem:

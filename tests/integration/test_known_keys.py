@@ -1,0 +1,171 @@
+"""A create for a key this process has authenticated before goes in one statement that checks
+the key itself (app/api/lean_create.py, KnownKeys; app/api/routes/jobs.py,
+create_for_known_key). These tests first make the key known, then check that the one-statement
+path ran and that it answers as the full path would: a key revoked meanwhile is a 401 with
+nothing written, refusals name their field, a dead pooled connection fails no request, and a
+create whose answer was lost with its connection is answered once, not written twice."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import app.api.routes.jobs as job_routes
+from app.api.app import create_app
+from app.settings import Settings
+from app.store.tables import api_keys, audit_log, jobs
+from app.store.tenants import hash_api_key
+from tests.conftest import make_target, new_tenant
+from tests.integration.test_dead_connections import end_other_sessions
+
+# What create_for_known_key answered, per call: "created" or "full path".
+Outcomes = list[str]
+
+
+@pytest.fixture
+async def outcomes(monkeypatch: pytest.MonkeyPatch) -> Outcomes:
+    seen: Outcomes = []
+    original = job_routes.create_for_known_key
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        result = await original(*args, **kwargs)
+        seen.append("full path" if result is None else "created")
+        return result
+
+    # lean_create imported the name: patch it where it is called.
+    monkeypatch.setattr("app.api.lean_create.create_for_known_key", spy)
+    return seen
+
+
+@pytest.fixture
+async def lean(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, engine=engine)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test") as http:
+        yield http
+
+
+def _at(days: float = 1) -> str:
+    return (dt.datetime.now(dt.UTC) + dt.timedelta(days=days)).isoformat()
+
+
+async def _known_key(client: httpx.AsyncClient, engine: AsyncEngine) -> tuple[dict[str, str], str]:
+    """A tenant's key, made known by a first create (the full path), and its target's id."""
+    auth = await new_tenant(engine)
+    target = await make_target(client, auth, "http://127.0.0.1:9/hook")
+    first = await client.post("/v1/jobs", json={"target_id": target["id"], "run_at": _at()}, headers=auth)
+    assert first.status_code == 201, first.text
+    return auth, target["id"]
+
+
+async def _count(engine: AsyncEngine, *where: Any) -> int:
+    async with engine.connect() as conn:
+        return int(await conn.scalar(select(func.count()).select_from(jobs).where(*where)) or 0)
+
+
+async def test_a_known_keys_create_is_one_statement_and_the_same_job(
+    lean: httpx.AsyncClient, engine: AsyncEngine, outcomes: Outcomes
+) -> None:
+    auth, target_id = await _known_key(lean, engine)
+    assert outcomes == []  # the first create of a key looks the key up
+    run_at = _at(3)
+    body = {"target_id": target_id, "run_at": run_at, "payload": {"n": 7}, "priority": 2, "max_attempts": 4}
+    created = await lean.post("/v1/jobs", json=body, headers={**auth, "X-Request-Id": "known-1"})
+    assert created.status_code == 201, created.text
+    assert outcomes == ["created"]
+    job = created.json()
+    assert (job["payload"], job["priority"], job["max_attempts"], job["state"]) == ({"n": 7}, 2, 4, "scheduled")
+    assert dt.datetime.fromisoformat(job["next_run_at"]) == dt.datetime.fromisoformat(run_at)
+    # As stored, and audited with the request's id and the key that made it.
+    stored = await lean.get(f"/v1/jobs/{job['id']}", headers=auth)
+    assert stored.json() == job
+    key_hash = hash_api_key(auth["Authorization"].removeprefix("Bearer "))
+    async with engine.connect() as conn:
+        key_id = await conn.scalar(select(api_keys.c.id).where(api_keys.c.key_hash == key_hash))
+        row = (await conn.execute(select(audit_log).where(audit_log.c.object_id == job["id"]))).one()
+    assert (row.action, row.request_id, row.api_key_id) == ("createJob", "known-1", key_id)
+    # A delay or a recurring schedule is planned from the clock: the full path.
+    delayed = await lean.post("/v1/jobs", json={"target_id": target_id, "delay_s": 30}, headers=auth)
+    cron = await lean.post("/v1/jobs", json={"target_id": target_id, "cron": "0 9 * * *"}, headers=auth)
+    assert delayed.status_code == cron.status_code == 201
+    assert outcomes == ["created", "full path", "full path"]
+
+
+async def test_a_key_revoked_after_it_became_known_creates_nothing(
+    lean: httpx.AsyncClient, engine: AsyncEngine, outcomes: Outcomes
+) -> None:
+    auth, target_id = await _known_key(lean, engine)
+    key_hash = hash_api_key(auth["Authorization"].removeprefix("Bearer "))
+    async with engine.begin() as conn:
+        await conn.execute(update(api_keys).where(api_keys.c.key_hash == key_hash).values(revoked_at=func.now()))
+    refused = await lean.post("/v1/jobs", json={"target_id": target_id, "run_at": _at()}, headers=auth)
+    assert refused.status_code == 401, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert outcomes == ["full path"]  # tried in one statement, which wrote nothing
+    assert await _count(engine, jobs.c.target_id == uuid.UUID(target_id)) == 1  # the first create only
+    # Forgotten: the next request looks the key up straight away.
+    again = await lean.post("/v1/jobs", json={"target_id": target_id, "run_at": _at()}, headers=auth)
+    assert again.status_code == 401 and outcomes == ["full path"]
+
+
+async def test_refusals_of_a_known_key_name_their_field(
+    lean: httpx.AsyncClient, engine: AsyncEngine, outcomes: Outcomes
+) -> None:
+    auth, target_id = await _known_key(lean, engine)
+    other = await make_target(lean, await new_tenant(engine), "http://127.0.0.1:9/other")
+    held = await lean.post(
+        "/v1/jobs", json={"target_id": target_id, "run_at": _at(), "dedup_key": "nightly"}, headers=auth
+    )
+    assert held.status_code == 201 and outcomes == ["created"]
+    cases = [
+        ({"target_id": other["id"]}, 422, "target_id"),
+        ({"target_id": str(uuid.uuid4())}, 422, "target_id"),
+        ({"dedup_key": "nightly"}, 409, "dedup_key"),
+        ({"run_at": _at(days=365 * 200)}, 422, "run_at"),
+        ({"cron": "0 9 * * *"}, 422, "cron"),  # two schedules
+    ]
+    for fields, status, field in cases:
+        answer = await lean.post("/v1/jobs", json={"target_id": target_id, "run_at": _at(), **fields}, headers=auth)
+        assert answer.status_code == status, (fields, answer.text)
+        assert answer.json()["errors"][0]["field"] == field, answer.json()
+    assert outcomes == ["created"] + ["full path"] * len(cases)
+    assert (
+        await lean.post("/v1/jobs", json={"target_id": target_id, "run_at": _at()}, headers=auth)
+    ).status_code == 201
+    assert await _count(engine, jobs.c.target_id == uuid.UUID(target_id)) == 3
+
+
+async def test_a_known_keys_create_succeeds_after_the_pooled_connections_died(
+    lean: httpx.AsyncClient, engine: AsyncEngine, db_url: str, outcomes: Outcomes
+) -> None:
+    auth, target_id = await _known_key(lean, engine)
+    assert await end_other_sessions(db_url) >= 1
+    created = await lean.post("/v1/jobs", json={"target_id": target_id, "run_at": _at()}, headers=auth)
+    assert created.status_code == 201, created.text
+    assert outcomes == ["full path"]  # the INSERT met the dead connection; nothing was written
+    assert await _count(engine, jobs.c.target_id == uuid.UUID(target_id)) == 2
+
+
+async def test_a_create_whose_answer_died_with_its_connection_is_answered_once(
+    lean: httpx.AsyncClient, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, outcomes: Outcomes
+) -> None:
+    auth, target_id = await _known_key(lean, engine)
+    original = job_routes.job_create_for_key
+
+    async def committed_then_lost(*args: Any) -> Any:
+        await original(*args)  # in autocommit: the job and its audit row are written
+        raise ConnectionResetError("the connection died before the answer arrived")
+
+    monkeypatch.setattr(job_routes, "job_create_for_key", committed_then_lost)
+    created = await lean.post("/v1/jobs", json={"target_id": target_id, "run_at": _at(2)}, headers=auth)
+    assert created.status_code == 201, created.text
+    assert outcomes == ["created"]  # found by its id, not created again
+    assert await _count(engine, jobs.c.target_id == uuid.UUID(target_id)) == 2
+    listed = await lean.get("/v1/jobs", params={"target_id": target_id}, headers=auth)
+    assert created.json()["id"] in [job["id"] for job in listed.json()["items"]]
