@@ -9,6 +9,7 @@ buffer, so parent and child never hand out the same ids.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import uuid
 
@@ -37,12 +38,37 @@ def _random_bytes(count: int) -> bytes:
     return chunk
 
 
+# What uuid.UUID(bytes=..., version=4) does to the random bits: the variant (RFC 4122) and the
+# version set. Done here on the int, and the UUID built as uuid.UUID's own methods build one
+# (its slots set directly): __init__'s argument checks cost ~1 us an id, and a batch create
+# makes two ids a job.
+_CLEAR = (0xC000 << 48) | (0xF000 << 64)
+_SET = (0x8000 << 48) | (4 << 76)
+_new_uuid = object.__new__
+_set_slot = object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+
+
+def _v4(random: int) -> uuid.UUID:
+    made = _new_uuid(uuid.UUID)
+    _set_slot(made, "int", (random & ~_CLEAR) | _SET)
+    _set_slot(made, "is_safe", _SAFE_UNKNOWN)
+    return made
+
+
 def new_id() -> uuid.UUID:
     """One random UUID (version 4)."""
-    return uuid.UUID(bytes=_random_bytes(16), version=4)
+    return _v4(int.from_bytes(_random_bytes(16)))
 
 
 def new_ids(count: int) -> list[uuid.UUID]:
     """`count` random UUIDs (version 4)."""
-    random = _random_bytes(16 * count)
-    return [uuid.UUID(bytes=random[i : i + 16], version=4) for i in range(0, 16 * count, 16)]
+    made: list[uuid.UUID] = []
+    append, keep, new, set_slot = made.append, ~_CLEAR, _new_uuid, _set_slot
+    # _v4 inlined: a call per id is a third of the cost here.
+    for high, low in struct.iter_unpack(">QQ", _random_bytes(16 * count)):
+        one = new(uuid.UUID)
+        set_slot(one, "int", (((high << 64) | low) & keep) | _SET)
+        set_slot(one, "is_safe", _SAFE_UNKNOWN)
+        append(one)
+    return made

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.errors import Problem
 from app.api.quotas import Quotas
-from app.domain.quotas import job_violations
+from app.domain.quotas import TenantLimits, job_violations
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import Schedule
 
@@ -25,12 +25,17 @@ async def ensure_job_within_quotas(
     now: dt.datetime,
     new_jobs: int = 1,
 ) -> None:
-    limits = await quotas.limits(conn, tenant_id)
+    check_job_within_limits(await quotas.limits(conn, tenant_id), schedule, policy, now)
+    await ensure_room_for_jobs(conn, quotas, tenant_id, new_jobs)
+
+
+def check_job_within_limits(limits: TenantLimits, schedule: Schedule, policy: RetryPolicy, now: dt.datetime) -> None:
+    """422 naming the field for a job below the tenant's floors, with its limits at hand (a
+    batch reads them once)."""
     violations = job_violations(limits, schedule, policy, now)
     if violations:
         first = violations[0]
         raise Problem(422, f"{first.field}: {first.message}", slug="validation", field=first.field)
-    await ensure_room_for_jobs(conn, quotas, tenant_id, new_jobs)
 
 
 async def ensure_room_for_jobs(conn: AsyncConnection, quotas: Quotas, tenant_id: uuid.UUID, new_jobs: int) -> None:

@@ -159,12 +159,20 @@ def plan_one_off(
 
 def retry_policy(fields: JobFields, base: RetryPolicy) -> RetryPolicy:
     """The request's retry fields over `base` (the defaults, or the job's current policy)."""
-    policy = RetryPolicy(
-        max_attempts=fields.max_attempts or base.max_attempts,
-        backoff_base_s=fields.backoff_base_s or base.backoff_base_s,
-        backoff_max_s=fields.backoff_max_s or base.backoff_max_s,
-        backoff_factor=fields.backoff_factor or base.backoff_factor,
-    )
+    if (
+        fields.max_attempts is None
+        and fields.backoff_base_s is None
+        and fields.backoff_max_s is None
+        and fields.backoff_factor is None
+    ):
+        policy = base  # the same policy (frozen): a batch's jobs mostly share one
+    else:
+        policy = RetryPolicy(
+            max_attempts=fields.max_attempts or base.max_attempts,
+            backoff_base_s=fields.backoff_base_s or base.backoff_base_s,
+            backoff_max_s=fields.backoff_max_s or base.backoff_max_s,
+            backoff_factor=fields.backoff_factor or base.backoff_factor,
+        )
     if policy.backoff_max_s < policy.backoff_base_s:
         # Name the field the client sent: a base above the (default or current) cap, or a cap below the base.
         if "backoff_max_s" in fields.model_fields_set:
@@ -178,7 +186,8 @@ def plan_recurrence(
 ) -> tuple[Recurrence | None, dt.datetime, dt.datetime]:
     """A schedule's (recurrence, anchor, first fire time): for a recurring job its policies
     and bounds (the request's, over `current`'s), for a one-off None and its instant."""
-    given = [f for f in RECURRENCE_FIELDS if f in fields.model_fields_set and getattr(fields, f) is not None]
+    sent = fields.model_fields_set
+    given = [f for f in RECURRENCE_FIELDS if f in sent and getattr(fields, f) is not None]
     if isinstance(schedule, OnceSchedule):
         if given:
             raise ScheduleError(given[0], "applies only to a recurring job (cron or every_s)")
@@ -187,7 +196,6 @@ def plan_recurrence(
     if fields.interval_mode is not None and not isinstance(schedule, IntervalSchedule):
         raise ScheduleError("interval_mode", "applies only to an every_s schedule")
     base = current or Recurrence(schedule, anchor=now)  # the default policies
-    sent = fields.model_fields_set
     # A bound sent as null is removed (PATCH); one not sent stays as it was.
     start_at = fields.start_at if "start_at" in sent else base.bounds.start_at
     end_at = fields.end_at if "end_at" in sent else base.bounds.end_at

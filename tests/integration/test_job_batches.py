@@ -4,6 +4,7 @@ conflicts, one Idempotency-Key for the whole batch, and tenant isolation."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 import httpx
@@ -11,7 +12,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.settings import Settings
+from app.store.quotas import tenant_limits_set
 from app.store.tables import jobs
+from app.store.tenants import api_key_create, tenant_ensure
 from tests.conftest import make_job, make_target, new_tenant
 from tests.problems import assert_problem
 
@@ -148,3 +152,23 @@ async def test_an_idempotency_key_replays_the_whole_batch(
 async def test_a_batch_needs_a_valid_key(client: httpx.AsyncClient, target: dict[str, Any]) -> None:
     response = await client.post(BATCH, json={"jobs": [item(target)]}, headers={"Authorization": "Bearer chk_nope"})
     assert response.status_code == 401
+
+
+async def test_an_item_over_the_payload_limit_or_a_tenant_floor_is_named(
+    client: httpx.AsyncClient, settings: Settings, target: dict[str, Any], engine: AsyncEngine
+) -> None:
+    settings.max_payload_bytes = 64
+    name = f"floors-{uuid.uuid4().hex[:8]}"
+    async with engine.begin() as conn:
+        tenant_id = await tenant_ensure(conn, name)
+        await tenant_limits_set(conn, tenant_id, {"max_attempts": 20})
+        auth = {"Authorization": f"Bearer {await api_key_create(conn, tenant_id)}"}
+    own = await make_target(client, auth, URL)
+    big = await client.post(BATCH, json={"jobs": [item(own), item(own, payload={"x": "y" * 100})]}, headers=auth)
+    assert_problem(big, 413, "jobs[1].payload")
+    floors = {"jobs": [item(own, max_attempts=20), item(own, max_attempts=21)]}
+    over = await client.post(BATCH, json=floors, headers=auth)
+    assert_problem(over, 422, "jobs[1].max_attempts")
+    assert await job_count(engine) == 0
+    fine = await client.post(BATCH, json={"jobs": [item(own, max_attempts=20), item(own)]}, headers=auth)
+    assert fine.status_code == 201, fine.text

@@ -167,8 +167,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     async def _start(self, db_url: str) -> None:
         self.engine = create_engine(db_url, pool_size=4)
         async with self.engine.begin() as conn:
-            # The previous example's rows: what a tenant owns goes with it, runs (no foreign key) too.
-            await conn.execute(text("TRUNCATE tenants, replicas, runs CASCADE"))
+            # The previous example's rows: what a tenant owns goes with it; jobs and runs have no
+            # foreign key to their owners (migrations 0013, 0014), so they are named too.
+            await conn.execute(text("TRUNCATE tenants, replicas, jobs, runs CASCADE"))
             await conn.execute(update(partition_leases).values(owner=None, expires_at=None, epoch=0))
         await self.receiver.start()
         self.tenant_id, self.target_id = await make_tenant_and_target(self.engine, self.receiver.url(), timeout_s=2.0)

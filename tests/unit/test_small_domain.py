@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import pickle
 import time
 import uuid
 
@@ -113,3 +114,35 @@ def test_a_connection_the_server_closed_is_reported_as_a_failed_connection() -> 
     closed = InterfaceError("SELECT 1", {}, Exception("cannot call Connection.fetch(): connection is closed"))
     assert is_transient_db_error(closed)
     assert outage_reason(closed).startswith("the connection to the database failed")
+
+
+def test_fast_ids_are_the_version_4_uuids_of_their_random_bits() -> None:
+    from app import ids
+
+    for raw in (bytes(16), bytes(range(16)), b"\xff" * 16):
+        # What uuid.UUID's own constructor makes of the same bits: equal, same hash, same text.
+        made, reference = ids._v4(int.from_bytes(raw)), uuid.UUID(bytes=raw, version=4)
+        assert (made, hash(made), str(made), made.is_safe) == (
+            reference,
+            hash(reference),
+            str(reference),
+            reference.is_safe,
+        )
+    many = ids.new_ids(2000) + [ids.new_id() for _ in range(50)]
+    assert len(set(many)) == len(many)
+    for one in many:
+        assert (one.version, one.variant) == (4, uuid.RFC_4122)
+        assert uuid.UUID(str(one)) == one and pickle.loads(pickle.dumps(one)) == one
+
+
+def test_a_job_payload_holds_json_values_only() -> None:
+    from app.api.schemas.jobs import JobCreate
+
+    target = str(uuid.uuid4())
+    fine = {"s": "x", "n": 1, "f": 1.5, "b": True, "none": None, "list": [1, {"k": []}], "o": {}}
+    assert JobCreate.model_validate({"target_id": target, "delay_s": 1, "payload": fine}).payload == fine
+    # From JSON text these cannot arise; from Python they must not slip through to the INSERT.
+    for bad in ({"at": time.gmtime()}, {"set": {1}}, {"o": {1: "key"}}, {"n": float("nan")}, {"s": "\x00"}):
+        with pytest.raises(ValidationError) as refused:
+            JobCreate.model_validate({"target_id": target, "delay_s": 1, "payload": bad})
+        assert refused.value.errors()[0]["loc"][0] == "payload"

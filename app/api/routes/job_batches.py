@@ -20,7 +20,7 @@ from app.api.checks import ensure_payload_fits
 from app.api.deps import Caller, Conn, QuotasDep, SettingsDep
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
-from app.api.quota_checks import ensure_job_within_quotas, ensure_room_for_jobs
+from app.api.quota_checks import check_job_within_limits, ensure_room_for_jobs
 from app.api.schemas.job_batches import JobBatchCreate, JobBatchResult
 from app.domain.job_plan import PlanError, plan_create
 from app.domain.schedule import ScheduleError
@@ -59,22 +59,21 @@ async def create_jobs(
     if (replay := await idempotent.begin()) is not None:
         return JSONResponse(replay.body, status_code=replay.status_code, headers={REPLAYED_HEADER: "true"})
     defaults = settings.default_retry_policy
+    # Each job against the tenant's floors (schedule, retry policy); the count below.
+    limits = await quotas.limits(conn, tenant_id)
     batch: list[PreparedJob] = []
     for index, (item, job_id) in enumerate(zip(body.jobs, new_ids(len(body.jobs)), strict=True)):
-        prefix = f"jobs[{index}]."
         try:
-            payload = ensure_payload_fits(item.payload, settings, field=f"{prefix}payload")
+            payload = ensure_payload_fits(item.payload, settings)
             new = plan_create(item, tenant_id, defaults, caller.now)
+            check_job_within_limits(limits, new.schedule, new.policy, caller.now)
         except ScheduleError as exc:
-            raise ScheduleError(prefix + exc.field, exc.message) from None
+            raise ScheduleError(f"jobs[{index}].{exc.field}", exc.message) from None
         except PlanError as exc:
-            raise PlanError(prefix + exc.field, exc.message) from None
-        try:
-            # Each job against the tenant's floors (schedule, retry policy); the count below.
-            await ensure_job_within_quotas(conn, quotas, tenant_id, new.schedule, new.policy, caller.now, new_jobs=0)
+            raise PlanError(f"jobs[{index}].{exc.field}", exc.message) from None
         except Problem as refused:
             if refused.field is not None:
-                refused.field = prefix + refused.field
+                refused.field = f"jobs[{index}].{refused.field}"
             raise
         batch.append(PreparedJob.of(new, payload, job_id))
     await ensure_room_for_jobs(conn, quotas, tenant_id, new_jobs=len(batch))

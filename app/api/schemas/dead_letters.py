@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, JsonValue
 
@@ -60,5 +60,5 @@ class BulkReplayResult(BaseModel):
 class DeadLetterReplay(RequestModel):
     """Both optional: by default the replay goes to the same target with the same payload."""
 
-    payload: Annotated[dict[str, JsonValue] | None, AfterValidator(check_json_payload)] = None
+    payload: Annotated[dict[str, Any] | None, AfterValidator(check_json_payload)] = None
     target_id: uuid.UUID | None = None

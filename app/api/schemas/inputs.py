@@ -55,18 +55,26 @@ PlainText = Annotated[str, AfterValidator(_plain_text)]
 
 
 def check_json_payload(value: Any, depth: int = 0) -> Any:
-    """Rejects what JSON parsers accept but JSONB cannot store: NaN/Infinity, NUL, surrogates."""
+    """A JSON value that JSONB can store: JSON's types only (pydantic's JsonValue checked that
+    too, at 3x the cost on a batch: bench/README.md), and not what JSON parsers accept but
+    JSONB refuses: NaN/Infinity, NUL, unpaired surrogates."""
     if depth > 64:
         raise ValueError("is nested more than 64 levels deep")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("must not contain NaN or Infinity")
-    if isinstance(value, str) and not _is_storable_text(value):
-        raise ValueError("strings must not contain NUL characters or unpaired surrogates")
-    if isinstance(value, dict):
+    if isinstance(value, str):
+        if not _is_storable_text(value):
+            raise ValueError("strings must not contain NUL characters or unpaired surrogates")
+    elif isinstance(value, dict):
         for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError("object keys must be strings")
             check_json_payload(key, depth + 1)
             check_json_payload(item, depth + 1)
     elif isinstance(value, list):
         for item in value:
             check_json_payload(item, depth + 1)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("must not contain NaN or Infinity")
+    elif value is not None and not isinstance(value, int):  # bool is an int
+        raise ValueError("must hold only JSON values")
     return value

@@ -28,7 +28,7 @@ MAX_DELAY_S = int(MAX_SCHEDULE_AHEAD.total_seconds())
 
 class JobCreate(RequestModel):
     target_id: uuid.UUID
-    payload: Annotated[dict[str, JsonValue] | None, AfterValidator(check_json_payload)] = Field(
+    payload: Annotated[dict[str, Any] | None, AfterValidator(check_json_payload)] = Field(
         default=None, description="A JSON object, sent as the webhook body"
     )
     name: Annotated[PlainText | None, Field(max_length=200)] = None
