@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -45,9 +46,14 @@ async def outcomes(monkeypatch: pytest.MonkeyPatch) -> Outcomes:
 
 
 @pytest.fixture
-async def lean(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, engine=engine)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test") as http:
+def service(settings: Settings, engine: AsyncEngine) -> FastAPI:
+    return create_app(settings, engine=engine)
+
+
+@pytest.fixture
+async def lean(service: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=service)
+    async with httpx.AsyncClient(transport=transport, base_url="http://cronhook.test") as http:
         yield http
 
 
@@ -149,6 +155,25 @@ async def test_a_known_keys_create_succeeds_after_the_pooled_connections_died(
     created = await lean.post("/v1/jobs", json={"target_id": target_id, "run_at": _at()}, headers=auth)
     assert created.status_code == 201, created.text
     assert outcomes == ["full path"]  # the INSERT met the dead connection; nothing was written
+    assert await _count(engine, jobs.c.target_id == uuid.UUID(target_id)) == 2
+
+
+async def test_a_known_keys_create_succeeds_when_its_quota_read_meets_a_dead_connection(
+    lean: httpx.AsyncClient, service: FastAPI, engine: AsyncEngine, db_url: str, outcomes: Outcomes
+) -> None:
+    auth, target_id = await _known_key(lean, engine)
+    async with engine.connect() as conn:
+        tenant_id = await conn.scalar(select(jobs.c.tenant_id).where(jobs.c.target_id == uuid.UUID(target_id)))
+    # The next create reads the tenant's limits first. (Only those: Quotas.forget would also
+    # drop the key's request-rate chunk, whose refill, on a connection of its own, would meet
+    # the dead connection first and have the pool replaced.)
+    quotas = service.state.quotas
+    quotas._limits.pop(tenant_id)
+    quotas._active.pop(tenant_id, None)
+    assert await end_other_sessions(db_url) >= 1
+    created = await lean.post("/v1/jobs", json={"target_id": target_id, "run_at": _at()}, headers=auth)
+    assert created.status_code == 201, created.text
+    assert outcomes == ["full path"]
     assert await _count(engine, jobs.c.target_id == uuid.UUID(target_id)) == 2
 
 

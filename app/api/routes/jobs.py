@@ -120,6 +120,13 @@ async def create_for_known_key(
         await ensure_job_within_quotas(conn, quotas, tenant_id, new.schedule, new.policy, known.now)
     except (Problem, ScheduleError, PlanError):
         return None  # answered by create_one, after the key is checked (a revoked key is a 401)
+    except Exception as exc:
+        # The quotas' cache lapsed, and their read was the first statement on a pooled
+        # connection that had died: create_one's key look-up retries on a fresh one.
+        if not is_transient_db_error(exc):
+            raise
+        await fresh_connection(conn)
+        return None
     prepared = PreparedJob.of(new, payload)
     audit = JobAudit(api_key_id=known.api_key_id, request_id=request_id, action=CREATE_JOB)
     try:
