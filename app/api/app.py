@@ -97,6 +97,10 @@ def create_app(
         version=__version__,
         description="Schedule webhooks: once, after a delay, on a cron expression, or at a fixed interval.",
         lifespan=lifespan,
+        # FastAPI's own OpenTelemetry (0.165+) asks the global providers on every request
+        # whether it is on (~4 % of a create's CPU); cronhook's telemetry is its Prometheus
+        # metrics and JSON logs, and it configures no OpenTelemetry provider.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     if engine is not None:

@@ -18,6 +18,7 @@ import operator
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
@@ -47,6 +48,8 @@ from app.db.driver import DriverStatement, driver_fetch_one
 from app.domain.job import NewJob
 from app.domain.occurrences import Recurrence
 from app.domain.partition import partition_for
+from app.domain.retry import RetryPolicy
+from app.domain.schedule import EARLIEST_RUN_AT, OnceSchedule, Schedule
 from app.domain.states import TERMINAL_STATES, JobState
 from app.ids import new_id, new_ids
 from app.store.job_rows import policy_columns, recurrence_columns, schedule_columns
@@ -274,35 +277,72 @@ class PreparedJob:
         return cls(job_id or new_id(), new, payload_json(new.payload) if payload is None else payload)
 
 
-def _row(prepared: PreparedJob, occurrence_id: uuid.UUID | None = None) -> dict[str, Any]:
-    new = prepared.new
-    return {
-        "id": prepared.id,
-        "partition": partition_for(prepared.id),
-        "target_id": new.target_id,
-        "name": new.name,
-        "payload": prepared.payload,
-        "priority": new.priority,
-        **schedule_columns(new.schedule),
-        "schedule_anchor_at": new.anchor_at or new.first_fire_at,
-        "scheduled_for": new.first_fire_at,
-        "occurrence_id": occurrence_id or new_id(),
-        **policy_columns(new.policy),
-        "dedup_key": new.dedup_key,
-        "parent_job_id": new.parent_job_id,
-        **(recurrence_columns(new.recurrence) if new.recurrence is not None else _ONE_OFF_RECURRENCE),
-    }
-
-
 _COLUMN_NAMES = tuple(name for name, _ in _ARRAYS)
-_in_column_order = operator.itemgetter(*_COLUMN_NAMES)
+_SCHEDULE_COLUMNS = ("schedule_kind", "cron", "timezone", "every_s")
+_POLICY_COLUMNS = ("max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor")
+_RECURRENCE_COLUMNS = tuple(_ONE_OFF_RECURRENCE)
+# _values' order, checked against the arrays' once.
+assert _COLUMN_NAMES == (
+    *("id", "partition", "target_id", "name", "payload", "priority"),
+    *_SCHEDULE_COLUMNS,
+    *("schedule_anchor_at", "scheduled_for", "occurrence_id"),
+    *_POLICY_COLUMNS,
+    *("dedup_key", "parent_job_id"),
+    *_RECURRENCE_COLUMNS,
+)
+_ONCE = operator.itemgetter(*_SCHEDULE_COLUMNS)(schedule_columns(OnceSchedule(EARLIEST_RUN_AT)))
+_recurrence_values = operator.itemgetter(*_RECURRENCE_COLUMNS)
+_ONE_OFF = _recurrence_values(_ONE_OFF_RECURRENCE)
+
+
+@lru_cache(maxsize=1024)
+def _schedule_values(schedule: Schedule) -> tuple[Any, ...]:
+    return tuple(operator.itemgetter(*_SCHEDULE_COLUMNS)(schedule_columns(schedule)))
+
+
+@lru_cache(maxsize=1024)
+def _policy_values(policy: RetryPolicy) -> tuple[Any, ...]:
+    return tuple(operator.itemgetter(*_POLICY_COLUMNS)(policy_columns(policy)))
+
+
+def _values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ...]:
+    """The job's columns, in _ARRAYS' order: a tuple, and the parts that jobs share (a one-off's
+    schedule columns, a retry policy) built once, since a batch makes one per job."""
+    new = prepared.new
+    schedule = new.schedule
+    recurrence = new.recurrence
+    return (
+        prepared.id,
+        partition_for(prepared.id),
+        new.target_id,
+        new.name,
+        prepared.payload,
+        new.priority,
+        *(_ONCE if isinstance(schedule, OnceSchedule) else _schedule_values(schedule)),
+        new.anchor_at or new.first_fire_at,
+        new.first_fire_at,
+        occurrence_id,
+        *_policy_values(new.policy),
+        new.dedup_key,
+        new.parent_job_id,
+        *(
+            _ONE_OFF
+            if recurrence is None
+            else operator.itemgetter(*_RECURRENCE_COLUMNS)(recurrence_columns(recurrence))
+        ),
+    )
+
+
+def _row(prepared: PreparedJob) -> dict[str, Any]:
+    """The job's columns by name (a single create's parameters), with a new occurrence id."""
+    return dict(zip(_COLUMN_NAMES, _values(prepared, new_id()), strict=True))
 
 
 def _parameters(tenant_id: uuid.UUID, jobs_: Sequence[PreparedJob]) -> dict[str, Any]:
     """One array per column, in the order of `jobs_` (rows transposed by zip, in C: a batch
     of 1,000 jobs is 27 arrays, not 27,000 appends); a column with one value in every row is
     that value (`<name>_fill`) and an empty array."""
-    rows = [_in_column_order(_row(job, occurrence)) for job, occurrence in zip(jobs_, new_ids(len(jobs_)), strict=True)]
+    rows = [_values(job, occurrence) for job, occurrence in zip(jobs_, new_ids(len(jobs_)), strict=True)]
     columns = zip(*rows, strict=True) if rows else (() for _ in _COLUMN_NAMES)
     parameters: dict[str, Any] = {"tenant_id": tenant_id}
     for name, values in zip(_COLUMN_NAMES, columns, strict=True):

@@ -84,7 +84,7 @@ async def create_jobs(
     not_created = await job_create_many_checked(conn, tenant_id, batch)
     items: list[dict[str, Any]] = []
     for index, job in enumerate(batch):
-        reason = not_created.get(job.id)
+        reason = not_created.get(job.id) if not_created else None  # a UUID's hash is Python code
         if reason is None:
             due = job.new.first_fire_at.isoformat().replace("+00:00", "Z")
             items.append({"index": index, "status": 201, "id": str(job.id), "next_run_at": due, "problem": None})
