@@ -40,6 +40,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.domain.partition import PARTITION_COUNT
 from app.logs import configure_logging
 from app.store.targets import target_create
 from app.store.tenants import tenant_ensure
@@ -369,20 +370,47 @@ async def runs_insert_for_finished(conn: AsyncConnection) -> None:
     await conn.execute(_RUNS_OF_FINISHED)
 
 
+# Partitions owned now, live replicas, owners, and the fewest partitions any owner holds.
+_OWNERSHIP = text(
+    """
+    WITH owned AS (SELECT owner FROM partition_leases WHERE owner IS NOT NULL AND expires_at > now())
+    SELECT (SELECT count(*) FROM owned) AS owned,
+           (SELECT count(*) FROM replicas WHERE expires_at > now()) AS live,
+           (SELECT count(DISTINCT owner) FROM owned) AS owners,
+           (SELECT coalesce(min(n), 0) FROM (SELECT count(*) AS n FROM owned GROUP BY owner) AS per) AS fewest
+    """
+)
+# How long the ownership must hold still: the replicas of `cronhook up --processes` start
+# a moment apart, and the first to start takes every partition.
+SETTLED_S = 3.0
+
+
 async def wait_partitions_owned(engine: AsyncEngine, service: Service, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Until every partition has a live owner: the schedulers are up and may claim."""
-    stmt = text("SELECT count(*) FROM partition_leases WHERE owner IS NOT NULL AND expires_at > now()")
+    """Until every partition has a live owner and the live replicas share them (each at least
+    its floor share), unchanged for SETTLED_S: the schedulers are up and no partition is about
+    to move. A partition handed over while its jobs fall due delays them by up to an ownership
+    round, which a lateness figure would charge to the claim."""
     deadline = time.monotonic() + timeout_s
+    settled_since: float | None = None
     while True:
         service.check_alive()
+        settled = False
         try:
             async with engine.connect() as conn:
-                if (await conn.scalar(stmt)) == 256:
-                    return
+                row = (await conn.execute(_OWNERSHIP)).one()
+            settled = row.owned == PARTITION_COUNT and row.live > 0 and row.owners == row.live
+            settled = settled and row.fewest >= PARTITION_COUNT // row.live
         except DBAPIError:
             pass  # not migrated yet
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the schedulers did not own all partitions within {timeout_s:g} s")
+        now = time.monotonic()
+        if not settled:
+            settled_since = None
+        elif settled_since is None:
+            settled_since = now
+        elif now - settled_since >= SETTLED_S:
+            return
+        if now > deadline:
+            raise RuntimeError(f"the schedulers did not settle on the partitions within {timeout_s:g} s")
         await asyncio.sleep(0.2)
 
 
