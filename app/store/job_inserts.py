@@ -290,19 +290,21 @@ assert _COLUMN_NAMES == (
     *("dedup_key", "parent_job_id"),
     *_RECURRENCE_COLUMNS,
 )
-_ONCE = operator.itemgetter(*_SCHEDULE_COLUMNS)(schedule_columns(OnceSchedule(EARLIEST_RUN_AT)))
-_recurrence_values = operator.itemgetter(*_RECURRENCE_COLUMNS)
-_ONE_OFF = _recurrence_values(_ONE_OFF_RECURRENCE)
+_schedule_in_order = operator.itemgetter(*_SCHEDULE_COLUMNS)
+_policy_in_order = operator.itemgetter(*_POLICY_COLUMNS)
+_recurrence_in_order = operator.itemgetter(*_RECURRENCE_COLUMNS)
+_ONCE = _schedule_in_order(schedule_columns(OnceSchedule(EARLIEST_RUN_AT)))
+_ONE_OFF = _recurrence_in_order(_ONE_OFF_RECURRENCE)
 
 
 @lru_cache(maxsize=1024)
 def _schedule_values(schedule: Schedule) -> tuple[Any, ...]:
-    return tuple(operator.itemgetter(*_SCHEDULE_COLUMNS)(schedule_columns(schedule)))
+    return _schedule_in_order(schedule_columns(schedule))  # type: ignore[no-any-return]
 
 
 @lru_cache(maxsize=1024)
 def _policy_values(policy: RetryPolicy) -> tuple[Any, ...]:
-    return tuple(operator.itemgetter(*_POLICY_COLUMNS)(policy_columns(policy)))
+    return _policy_in_order(policy_columns(policy))  # type: ignore[no-any-return]
 
 
 def _values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ...]:
@@ -325,17 +327,8 @@ def _values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ...]:
         *_policy_values(new.policy),
         new.dedup_key,
         new.parent_job_id,
-        *(
-            _ONE_OFF
-            if recurrence is None
-            else operator.itemgetter(*_RECURRENCE_COLUMNS)(recurrence_columns(recurrence))
-        ),
+        *(_ONE_OFF if recurrence is None else _recurrence_in_order(recurrence_columns(recurrence))),
     )
-
-
-def _row(prepared: PreparedJob) -> dict[str, Any]:
-    """The job's columns by name (a single create's parameters), with a new occurrence id."""
-    return dict(zip(_COLUMN_NAMES, _values(prepared, new_id()), strict=True))
 
 
 def _parameters(tenant_id: uuid.UUID, jobs_: Sequence[PreparedJob]) -> dict[str, Any]:
@@ -399,13 +392,7 @@ async def job_create_checked(
 ) -> Mapping[str, Any] | NotCreated:
     """Creates one job of the tenant and its audit row in one statement, or says why not
     (nothing written)."""
-    parameters = {
-        "tenant_id": tenant_id,
-        **_row(job),
-        "audit_api_key_id": audit.api_key_id,
-        "audit_action": audit.action,
-        "audit_request_id": audit.request_id,
-    }
+    parameters = _create_one_parameters(tenant_id, job, audit)
     for _ in range(_CREATE_TRIES):
         row = await driver_fetch_one(conn, _CREATE_ONE_ON_DRIVER, parameters)
         if row is not None:
@@ -424,15 +411,20 @@ async def job_create_for_key(
     tenant's. The row (with `db_now`, the database's clock) or None when nothing was written:
     a dead key, no such target, a held dedup_key; the caller then takes the full path, which
     says which."""
-    parameters = {
+    parameters = {**_create_one_parameters(tenant_id, job, audit), "key_hash": key_hash}
+    return await driver_fetch_one(conn, _CREATE_ONE_FOR_KEY, parameters)
+
+
+def _create_one_parameters(tenant_id: uuid.UUID, job: PreparedJob, audit: JobAudit) -> dict[str, Any]:
+    """The single create's parameters: the job's columns, with a new occurrence id, and its
+    audit row's."""
+    return {
         "tenant_id": tenant_id,
-        **_row(job),
-        "key_hash": key_hash,
+        **dict(zip(_COLUMN_NAMES, _values(job, new_id()), strict=True)),
         "audit_api_key_id": audit.api_key_id,
         "audit_action": audit.action,
         "audit_request_id": audit.request_id,
     }
-    return await driver_fetch_one(conn, _CREATE_ONE_FOR_KEY, parameters)
 
 
 async def job_create_many_checked(

@@ -129,6 +129,14 @@ async def test_a_scheduler_session_on_generic_plans_claims_the_same_and_plans_th
         await scheduler_engine.dispose()
 
 
+async def tenant_with_limited_target(engine: AsyncEngine, max_in_flight: int) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
+    """A tenant with a target on the default share and one with its own `max_in_flight`."""
+    tenant, default = await make_tenant_and_target(engine, UNUSED)
+    async with engine.begin() as conn:
+        row, _ = await target_create(conn, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=max_in_flight)
+    return tenant, default, row["id"]
+
+
 async def test_the_schedulers_autocommit_claim_commits_its_leases_and_keeps_target_limits(
     db_url: str, engine: AsyncEngine
 ) -> None:
@@ -140,13 +148,11 @@ async def test_the_schedulers_autocommit_claim_commits_its_leases_and_keeps_targ
     from app.domain.partition import PARTITION_COUNT
     from app.store.tables import jobs
 
-    tenant, capped = await make_tenant_and_target(engine, UNUSED)
+    tenant, capped, explicit = await tenant_with_limited_target(engine, max_in_flight=9)
     async with engine.begin() as conn:
-        row, _ = await target_create(conn, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=9)
         await conn.execute(
             text("UPDATE partition_leases SET owner = 'r', epoch = 3, expires_at = now() + interval '1 hour'")
         )
-    explicit: uuid.UUID = row["id"]
     await make_jobs(engine, tenant, capped, 20, due_in_s=-10)
     await make_jobs(engine, tenant, explicit, 20, due_in_s=-5)
     held = dict.fromkeys(range(PARTITION_COUNT), 3)
@@ -187,10 +193,7 @@ async def test_a_limited_candidate_rescheduled_after_the_autocommit_claim_is_not
     from app.store.claims import _lease_limited
     from app.store.tables import jobs
 
-    tenant, _ = await make_tenant_and_target(engine, UNUSED)
-    async with engine.begin() as conn:
-        row, _ = await target_create(conn, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=5)
-    limited: uuid.UUID = row["id"]
+    tenant, _, limited = await tenant_with_limited_target(engine, max_in_flight=5)
     due, later = await make_jobs(engine, tenant, limited, 2, due_in_s=-5)
     candidates = [{"candidate_id": job_id, "candidate_target_id": limited} for job_id in (due, later)]
     # Meanwhile one of them was delivered elsewhere and waits for its retry.

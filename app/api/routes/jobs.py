@@ -78,18 +78,31 @@ async def create_one(
 ) -> JobPublic:
     """The create itself, after authentication: this route's and the lean path's
     (app/api/lean_create.py)."""
-    payload = ensure_payload_fits(body.payload, settings)
-    new = plan_create(body, creator.tenant_id, settings.default_retry_policy, creator.now)
-    # Quotas: the tenant's limits and unfinished-job count are cached (app/api/quotas.py), so
-    # this costs a round trip only when the cache lapses.
-    await ensure_job_within_quotas(conn, quotas, creator.tenant_id, new.schedule, new.policy, creator.now)
+    prepared = await _planned(conn, creator, body, settings, quotas)
     # The audit row is written by the same INSERT statement as the job (a data-modifying CTE):
     # still one round trip, and in autocommit the job and its audit row commit together.
-    audit = JobAudit(api_key_id=creator.api_key_id, request_id=request_id, action=CREATE_JOB)
-    created = await job_create_checked(conn, creator.tenant_id, PreparedJob.of(new, payload), audit)
+    audit = _create_audit(creator, request_id)
+    created = await job_create_checked(conn, creator.tenant_id, prepared, audit)
     if isinstance(created, NotCreated):
         raise not_created_problem(created)
     return job_public(created)
+
+
+async def _planned(
+    conn: AsyncConnection, caller: KeyMatch, body: JobCreate, settings: Settings, quotas: Quotas
+) -> PreparedJob:
+    """The job a create request makes, within the payload limit and the tenant's quotas, planned
+    against `caller.now`."""
+    payload = ensure_payload_fits(body.payload, settings)
+    new = plan_create(body, caller.tenant_id, settings.default_retry_policy, caller.now)
+    # Quotas: the tenant's limits and unfinished-job count are cached (app/api/quotas.py), so
+    # this costs a round trip only when the cache lapses.
+    await ensure_job_within_quotas(conn, quotas, caller.tenant_id, new.schedule, new.policy, caller.now)
+    return PreparedJob.of(new, payload)
+
+
+def _create_audit(caller: KeyMatch, request_id: str | None) -> JobAudit:
+    return JobAudit(api_key_id=caller.api_key_id, request_id=request_id, action=CREATE_JOB)
 
 
 async def create_for_known_key(
@@ -115,9 +128,7 @@ async def create_for_known_key(
         return None
     tenant_id = known.tenant_id
     try:
-        payload = ensure_payload_fits(body.payload, settings)
-        new = plan_create(body, tenant_id, settings.default_retry_policy, known.now)
-        await ensure_job_within_quotas(conn, quotas, tenant_id, new.schedule, new.policy, known.now)
+        prepared = await _planned(conn, known, body, settings, quotas)
     except (Problem, ScheduleError, PlanError):
         return None  # answered by create_one, after the key is checked (a revoked key is a 401)
     except Exception as exc:
@@ -127,10 +138,8 @@ async def create_for_known_key(
             raise
         await fresh_connection(conn)
         return None
-    prepared = PreparedJob.of(new, payload)
-    audit = JobAudit(api_key_id=known.api_key_id, request_id=request_id, action=CREATE_JOB)
     try:
-        row = await job_create_for_key(conn, tenant_id, key_hash, prepared, audit)
+        row = await job_create_for_key(conn, tenant_id, key_hash, prepared, _create_audit(known, request_id))
     except Exception as exc:
         if not is_transient_db_error(exc):
             raise
@@ -139,10 +148,7 @@ async def create_for_known_key(
         # the job's id is ours, so look for it on a fresh connection.
         await fresh_connection(conn)
         found = await store.job_get(conn, tenant_id, prepared.id)
-        if found is None:
-            quotas.jobs_created(tenant_id, -1)
-            return None
-        return job_public(found), known.now
+        row = None if found is None else {**found, "db_now": known.now}
     if row is None:
         quotas.jobs_created(tenant_id, -1)  # counted by ensure_job_within_quotas; create_one counts again
         return None
