@@ -10,19 +10,21 @@ import os
 import socket
 import sys
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app import __version__
+from app import __version__, event_loop
 from app.api.app import create_app
 from app.cli_security import add_security_commands
 from app.client.commands import add_client_commands, run_client_command
 from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
+from app.keyring import KeyRingError
 from app.logs import configure_logging, log_event
 from app.processes import LISTEN_FD_ENV, ChildSpec, Supervisor, attach_to_parent, child_env
-from app.runtime import run_role
+from app.runtime import DatabaseUnusable, check_database, run_role
 from app.services.probes import PortInUse, ensure_port_free, start_probe_server
 from app.services.startup import start_services
 from app.settings import Settings
@@ -46,6 +48,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"cronhook: invalid {name}: {error['msg']}", file=sys.stderr)  # noqa: T201
         raise SystemExit(2) from None
     configure_logging(settings.log_level, settings.log_format)
+    if args.command in _OPENS_SECRETS:
+        # Before anything starts: a process without the deployment's key ring would seal
+        # secrets no other process opens (app/settings.py, load_key_ring).
+        try:
+            settings.load_key_ring()
+        except KeyRingError as exc:
+            print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
+            raise SystemExit(2) from None
     if getattr(args, "host", None):
         settings.host = args.host
     if getattr(args, "port", None) is not None:
@@ -59,6 +69,10 @@ def main(argv: list[str] | None = None) -> None:
     except PortInUse as exc:
         print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
         raise SystemExit(1) from None
+
+
+# The commands that seal or open target secrets, or start a process that does.
+_OPENS_SECRETS = frozenset({"up", "api", "scheduler", "reaper", "migrate", "secrets"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
 
     health = sub.add_parser("health", help="exit 0 when the local API or role (CRONHOOK_METRICS_PORT) answers /healthz")
     health.add_argument("--url", help="default: http://127.0.0.1:<CRONHOOK_METRICS_PORT, else CRONHOOK_PORT>")
+    health.add_argument(
+        "--ready", action="store_true", help="ask /readyz instead: the process reaches and commits to the database"
+    )
     health.set_defaults(func=_cmd_health)
     add_client_commands(sub)
 
@@ -154,6 +171,11 @@ def _serve(settings: Settings, run_services: bool) -> None:
     if inherited is None:
         # A worker of `--workers` serves its parent's socket: the port is taken, by design.
         ensure_port_free(settings.host, settings.port, "--port or CRONHOOK_PORT")
+        try:
+            event_loop.run(check_database(settings))
+        except DatabaseUnusable as exc:
+            print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
+            raise SystemExit(2) from None
     _warn_if_egress_opened(settings)
     sockets: list[socket.socket] | None = None
     children = _scheduler_children(settings) if run_services else []
@@ -235,12 +257,18 @@ def _supervise(settings: Settings, children: list[ChildSpec]) -> None:
 
     async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
         supervisor.start()
-        # The children's metrics, summed (PROMETHEUS_MULTIPROC_DIR), and liveness.
+        # Readiness here: this process commits, and a scheduler (its children) is alive.
+        services = start_services(
+            engine, settings, stop, scheduler=False, reaper=False, role="scheduler", read_cluster=True
+        )
+        # The children's metrics, summed (PROMETHEUS_MULTIPROC_DIR), liveness and readiness.
         probes = await start_probe_server(settings, "scheduler")
         try:
             await supervisor.watch(stop)
         finally:
+            stop.set()
             await supervisor.stop()
+            await services.stopped()
             if probes is not None:
                 await probes.cleanup()
 
@@ -277,11 +305,22 @@ def _cmd_health(settings: Settings, args: argparse.Namespace) -> None:
 
     url = args.url or f"http://127.0.0.1:{settings.metrics_port or settings.port}"
     try:
-        ok = httpx.get(f"{url.rstrip('/')}/healthz", timeout=4).status_code == 200
+        answer = httpx.get(f"{url.rstrip('/')}/{'readyz' if args.ready else 'healthz'}", timeout=4)
+        ok = answer.status_code == 200
+        if not ok:
+            print(f"cronhook: {url} answers {answer.status_code}: {_reason(answer)}", file=sys.stderr)  # noqa: T201
     except httpx.HTTPError as exc:
         print(f"cronhook: {url} is not answering: {type(exc).__name__}", file=sys.stderr)  # noqa: T201
         ok = False
     raise SystemExit(0 if ok else 1)
+
+
+def _reason(answer: Any) -> str:
+    """A probe's `reason` field, or the start of its body."""
+    try:
+        return str(answer.json()["reason"])
+    except (ValueError, KeyError, TypeError):
+        return str(answer.text[:200])
 
 
 def _cmd_openapi(settings: Settings, args: argparse.Namespace) -> None:

@@ -80,6 +80,12 @@ HELD_BACK = Gauge(
     ["replica"],
     multiprocess_mode="liveall",
 )
+DB_OLDEST_OPERATION = Gauge(
+    "cronhook_db_oldest_operation_seconds",
+    "Age of this process's oldest database operation in flight (0 when none): a stalled database shows here",
+    ["role"],
+    multiprocess_mode="livemax",
+)
 API_REQUESTS = Counter("cronhook_api_requests_total", "API requests", ["method", "route", "status"])
 API_SECONDS = Histogram("cronhook_api_request_duration_seconds", "API request latency", ["method", "route"])
 
@@ -215,6 +221,10 @@ def backlog_observed(
     DUE_BACKLOG.labels(replica).set(due)
     HELD_BACK.labels(replica).set(held_back)
     OLDEST_DUE_AGE.labels(replica).set(max(0.0, (now - oldest_due_at).total_seconds()) if oldest_due_at else 0.0)
+
+
+def db_oldest_operation(role: str, age_s: float) -> None:
+    DB_OLDEST_OPERATION.labels(role).set(age_s)
 
 
 def exposition() -> tuple[bytes, str]:

@@ -12,12 +12,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import event_loop
 from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine
-from app.db.errors import is_transient_db_error
+from app.db.errors import is_transient_db_error, outage_reason
 from app.db.migrate import migrate_to_head
 from app.keyring import KeyRingError, install_key_ring
 from app.logs import log_event
@@ -50,9 +51,8 @@ class Runtime:
         return self._engine
 
     async def start(self, migrate: bool | None = None) -> AsyncEngine:
-        if self.settings.database_url is not None:
-            url = self.settings.database_url.get_secret_value()
-        else:
+        url: str | URL | None = self.settings.database
+        if url is None:
             self._embedded = EmbeddedPostgres(self.settings.data_dir)
             url = await asyncio.to_thread(self._embedded.start)
         self._engine = create_engine(
@@ -63,6 +63,15 @@ class Runtime:
             statement_timeout_s=self.settings.db_statement_timeout_s,
             application_name=replica_session_name(self.settings.replica_id),
             generic_plans=self._generic_plans,
+        )
+        # The connection budget: what this process may hold open, so an operator can add up
+        # processes x pool against PostgreSQL's max_connections (README, "Connection budget").
+        log_event(
+            logger,
+            "database_pool",
+            max_connections=2 * self.settings.db_pool_size,
+            db_pool_size=self.settings.db_pool_size,
+            replica=self.settings.replica_id,
         )
         await self._wait_for_database()
         migrating = self.settings.auto_migrate if migrate is None else migrate
@@ -83,14 +92,6 @@ class Runtime:
         """Installs the key ring, refuses to start if it cannot open every stored secret, and
         (when this process migrates) seals the values stored before encryption at rest."""
         ring = self.settings.load_key_ring()
-        if self.settings.secret_keys is None and self.settings.database_url is not None:
-            log_event(
-                logger,
-                "secret_key_file_used",
-                logging.WARNING,
-                path=str(self.settings.data_dir / "secret-keys"),
-                detail="set CRONHOOK_SECRET_KEYS to the same key ring on every replica",
-            )
         install_key_ring(ring)
         async with self.engine.connect() as conn:
             in_use = await target_secret_key_ids(conn)
@@ -114,18 +115,65 @@ class Runtime:
             self._embedded = None
 
     async def _wait_for_database(self) -> None:
-        deadline = time.monotonic() + CONNECT_WAIT_S
-        delay = 0.25
-        while True:
-            try:
-                async with self.engine.connect():
-                    return
-            except Exception as exc:
-                if not is_transient_db_error(exc) or time.monotonic() + delay > deadline:
-                    raise
-                log_event(logger, "database_wait", logging.WARNING, error=type(exc).__name__, retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        await wait_for_database(self.engine)
+
+
+class DatabaseUnusable(Exception):
+    """The database refused this process for a reason waiting will not fix (a wrong password,
+    a database that does not exist), or stayed unreachable through start-up; one line."""
+
+
+def _server_message(exc: BaseException) -> str:
+    """The server's (or driver's) own words for `exc`, first line only, without SQLAlchemy's
+    wrapping: they never hold the password."""
+    cause: BaseException | None = getattr(exc, "orig", None) or exc
+    while cause is not None and cause.__cause__ is not None and str(cause).startswith("<class"):
+        cause = cause.__cause__
+    text = str(cause or exc).strip().splitlines()
+    sqlstate = getattr(getattr(cause, "__cause__", None), "sqlstate", None) or getattr(cause, "sqlstate", None)
+    first = text[0] if text else type(exc).__name__
+    return f"{first} ({sqlstate})" if sqlstate else first
+
+
+async def wait_for_database(engine: AsyncEngine) -> None:
+    """Returns once `engine` connects; waits out an outage (the server starting alongside,
+    docker-compose) for up to CONNECT_WAIT_S; raises DatabaseUnusable otherwise."""
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    delay = 0.25
+    while True:
+        try:
+            async with engine.connect():
+                return
+        except Exception as exc:
+            transient = is_transient_db_error(exc)
+            if not transient or time.monotonic() + delay > deadline:
+                waited = "" if not transient else f" (still, after {CONNECT_WAIT_S:g} s)"
+                raise DatabaseUnusable(
+                    f"cannot use the database of CRONHOOK_DATABASE_URL{waited}: {_server_message(exc)}"
+                ) from exc
+            log_event(
+                logger,
+                "database_wait",
+                logging.WARNING,
+                error=type(exc).__name__,
+                reason=outage_reason(exc),
+                retry_in_s=delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def check_database(settings: Settings) -> None:
+    """Before a server starts (`api`, `up` on an external database): the same wait as a
+    role's start-up, so a database that refuses the process is one line, not a traceback
+    from inside the web server's start-up."""
+    if settings.database is None:
+        return
+    engine = create_engine(settings.database, pool_size=1)
+    try:
+        await wait_for_database(engine)
+    finally:
+        await engine.dispose()
 
 
 def run_role(
@@ -151,7 +199,7 @@ def run_role(
     main = runner()
     try:
         event_loop.run(main)
-    except KeyRingError as exc:
+    except (KeyRingError, DatabaseUnusable) as exc:
         print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
         raise SystemExit(2) from None
     finally:

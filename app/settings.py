@@ -12,13 +12,16 @@ import dataclasses
 import os
 import secrets
 import socket
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import URL
 
+from app.db.url import DatabaseUrlError, parse_database_url
 from app.domain.egress import EgressPolicy, parse_egress_allow
 from app.domain.retry import RetryPolicy
 from app.keyring import KeyRing, KeyRingError, load_key_file, parse_key_ring
@@ -29,6 +32,14 @@ TARGET_TIMEOUT_CEILING_S = 300.0
 MIN_CONFIGURED_KEY_LENGTH = 20
 # A partition lease must survive this many renew intervals.
 MIN_RENEWALS_PER_PARTITION_LEASE = 3
+# The secret settings: each also reads from a file named by CRONHOOK_<NAME>_FILE (Docker and
+# Kubernetes secrets), so a secret need not sit in the environment.
+FILE_SETTINGS = ("database_url", "database_password", "bootstrap_api_key", "admin_api_key", "secret_keys")
+ENV_PREFIX = "CRONHOOK_"
+NEW_KEY_RECIPE = (
+    "make one with `cronhook secrets new-key` (or: python3 -c 'import base64, secrets; "
+    'print("k1:" + base64.b64encode(secrets.token_bytes(32)).decode())\')'
+)
 
 
 def lease_outlasts_http_deadline(lease_s: float, max_target_timeout_s: float, lease_margin_s: float) -> bool:
@@ -65,11 +76,36 @@ def default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CRONHOOK_", extra="ignore")
+def read_secret_files(values: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """`values` with each secret setting whose CRONHOOK_<NAME>_FILE is set read from that file
+    (trailing whitespace and newlines stripped). Setting both forms is an error: which one
+    wins would be a guess."""
+    values = dict(values)
+    for name in FILE_SETTINGS:
+        variable = f"{ENV_PREFIX}{name.upper()}_FILE"
+        path = environ.get(variable)
+        if not path:
+            continue
+        if values.get(name) is not None:
+            raise ValueError(f"set {ENV_PREFIX}{name.upper()} or {variable}, not both")
+        try:
+            text = Path(path).read_text().rstrip()
+        except OSError as exc:
+            raise ValueError(f"{variable}: cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+        if not text:
+            raise ValueError(f"{variable}: {path} is empty")
+        values[name] = text
+    return values
 
-    # Storage. With no URL, an embedded PostgreSQL runs in `data_dir`/pg.
+
+class Settings(BaseSettings):
+    # hide_input_in_errors: a rejected secret (a URL with its password) is never echoed.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", hide_input_in_errors=True)
+
+    # Storage. With no URL, an embedded PostgreSQL runs in `data_dir`/pg. libpq's forms,
+    # several hosts included (app/db/url.py); the password may come separately.
     database_url: SecretStr | None = None
+    database_password: SecretStr | None = None
     data_dir: Path = Path(".cronhook")
     db_pool_size: int = Field(default=10, ge=1, le=200)
     # PostgreSQL ends a session left idle inside a transaction this long (0 = never), so a
@@ -79,6 +115,10 @@ class Settings(BaseSettings):
     # PostgreSQL cancels any statement running longer than this (0 = no limit). A cancelled
     # statement is treated as an outage: the service backs off and tries again.
     db_statement_timeout_s: float = Field(default=0.0, ge=0, le=3600)
+    # A database operation not returned after this long is logged as a stall (with what the
+    # server says it waits for), and readiness fails after three times it without a commit
+    # (app/services/db_health.py).
+    db_stall_warn_s: float = Field(default=5.0, gt=0, le=3600)
     auto_migrate: bool = True
 
     # HTTP API.
@@ -182,6 +222,32 @@ class Settings(BaseSettings):
             self.default_backoff_factor,
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return read_secret_files(data, os.environ)
+        return data
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_parses(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            try:
+                parse_database_url(value.get_secret_value())
+            except DatabaseUrlError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def database(self) -> URL | None:
+        """The engine's URL (CRONHOOK_DATABASE_PASSWORD in place of the URL's own), or None
+        for the embedded server."""
+        if self.database_url is None:
+            return None
+        password = self.database_password.get_secret_value() if self.database_password is not None else None
+        return parse_database_url(self.database_url.get_secret_value(), password)
+
     @field_validator("egress_allow")
     @classmethod
     def _egress_allow_parses(cls, value: str) -> str:
@@ -209,9 +275,18 @@ class Settings(BaseSettings):
         return value
 
     def load_key_ring(self) -> KeyRing:
-        """CRONHOOK_SECRET_KEYS, or the data dir's key file (generated on first use)."""
+        """CRONHOOK_SECRET_KEYS; with the embedded server only, the data dir's key file
+        (generated on first use). Every process of a deployment on an external database must
+        hold the same ring: a key generated per process would seal what no other can open, and
+        vanish with its container."""
         if self.secret_keys is not None:
             return parse_key_ring(self.secret_keys.get_secret_value())
+        if self.database_url is not None:
+            raise KeyRingError(
+                "CRONHOOK_SECRET_KEYS (or CRONHOOK_SECRET_KEYS_FILE) is required with CRONHOOK_DATABASE_URL: "
+                f"every process needs the same key ring to seal and open target secrets; {NEW_KEY_RECIPE}, "
+                "keep it safe, and pass it to every process"
+            )
         return load_key_file(self.data_dir)
 
     @cached_property

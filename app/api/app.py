@@ -35,6 +35,7 @@ from app.api.routes import (
     targets,
 )
 from app.api.routes.job_batches import BATCH_PATH
+from app.db.watch import DB_WATCH
 from app.keyring import install_key_ring
 from app.processes import Supervisor
 from app.runtime import Runtime
@@ -73,7 +74,16 @@ def create_app(
         app.state.engine = await runtime.start()
         app.state.quotas = Quotas(app.state.engine, settings)
         stop = asyncio.Event()
-        services = start_services(app.state.engine, settings, stop, scheduler=in_process, reaper=run_services)
+        services = start_services(
+            app.state.engine,
+            settings,
+            stop,
+            scheduler=in_process,
+            reaper=run_services,
+            role="up" if run_services else "api",
+        )
+        # /readyz follows this process's commits and the cluster's schedulers from now on.
+        app.state.db_watch = DB_WATCH
         # What start-up made lives as long as the process: out of the collector's way.
         gc.freeze()
         watcher = None

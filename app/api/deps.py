@@ -25,6 +25,7 @@ from app.api.errors import Problem
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from app.api.quotas import Quotas
 from app.db.errors import once_more_if_dead
+from app.db.watch import DB_WATCH
 from app.settings import Settings
 from app.store.tenants import Caller as KeyMatch
 from app.store.tenants import api_key_caller, plausible_api_key
@@ -45,9 +46,11 @@ async def get_engine(request: Request) -> AsyncEngine:
 async def get_conn(engine: Annotated[AsyncEngine, Depends(get_engine)]) -> AsyncIterator[AsyncConnection]:
     # One transaction per request: an error anywhere rolls everything back (closing the
     # connection without a commit).
-    async with engine.connect() as conn:
-        yield conn
-        await conn.commit()
+    # Watched (app/db/watch.py): a request whose database work does not return is a stall.
+    with DB_WATCH.operation("api_request"):
+        async with engine.connect() as conn:
+            yield conn
+            await conn.commit()
 
 
 async def get_create_conn(
@@ -56,13 +59,14 @@ async def get_create_conn(
     """POST /v1/jobs: without an Idempotency-Key the create is one statement (app/store/
     job_inserts.py), run in autocommit, which spares the BEGIN and COMMIT round trips; with a
     key, the key's claim, the job and the stored response share one transaction."""
-    async with engine.connect() as conn:
-        if IDEMPOTENCY_HEADER not in request.headers:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
+    with DB_WATCH.operation("api_create"):
+        async with engine.connect() as conn:
+            if IDEMPOTENCY_HEADER not in request.headers:
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+                yield conn
+                return
             yield conn
-            return
-        yield conn
-        await conn.commit()
+            await conn.commit()
 
 
 # scope="function": the transaction commits before the response is sent, so a client never

@@ -37,6 +37,7 @@ from app.api.errors import Problem
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from app.api.routes.jobs import create_for_known_key, create_one
 from app.api.schemas.jobs import JobCreate, JobPublic
+from app.db.watch import DB_WATCH
 from app.logs import REQUEST_ID
 from app.store.tenants import Caller as KeyMatch
 from app.store.tenants import hash_api_key
@@ -138,22 +139,25 @@ class LeanCreate:
         request_id = REQUEST_ID.get()
         # As the route's CreateConn: autocommit, and the connection is back in the pool before
         # the response is sent.
-        async with state.engine.connect() as conn:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
-            known = self.known_keys.caller(key_hash)
-            if known is not None:
-                created = await create_for_known_key(conn, known, key_hash, model, state.settings, quotas, request_id)
-                if created is not None:
-                    job, now = created
-                    self.known_keys.saw(now)
-                    return _created(job)
-            try:
-                creator = await authenticate(address, conn, key, quotas)
-            except Problem:
-                self.known_keys.forget(key_hash)
-                raise
-            self.known_keys.remember(key_hash, creator)
-            job = await create_one(conn, creator, model, state.settings, quotas, request_id)
+        with DB_WATCH.operation("api_create"):
+            async with state.engine.connect() as conn:
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+                known = self.known_keys.caller(key_hash)
+                if known is not None:
+                    created = await create_for_known_key(
+                        conn, known, key_hash, model, state.settings, quotas, request_id
+                    )
+                    if created is not None:
+                        job, now = created
+                        self.known_keys.saw(now)
+                        return _created(job)
+                try:
+                    creator = await authenticate(address, conn, key, quotas)
+                except Problem:
+                    self.known_keys.forget(key_hash)
+                    raise
+                self.known_keys.remember(key_hash, creator)
+                job = await create_one(conn, creator, model, state.settings, quotas, request_id)
         return _created(job)
 
 

@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from app.db.url import parse_database_url
 
 # Execution option of engines whose sessions run on generic plans (create_engine's
 # `generic_plans`), read by statements that care.
 GENERIC_PLANS = "cronhook_generic_plans"
 
 
-def normalize_url(raw: str) -> URL:
-    """Accept `postgresql://`, `postgres://` and `postgresql+asyncpg://` alike."""
-    url = make_url(raw.replace("postgres://", "postgresql://", 1) if raw.startswith("postgres://") else raw)
-    if url.drivername in ("postgresql", "postgresql+psycopg2", "postgresql+psycopg"):
-        url = url.set(drivername="postgresql+asyncpg")
-    if url.drivername != "postgresql+asyncpg":
-        raise ValueError(f"unsupported database URL scheme {url.drivername!r}; use postgresql://")
-    return url
+def normalize_url(raw: str | URL) -> URL:
+    """The engine's URL for a libpq-form URL (app/db/url.py); a URL object as it is."""
+    if isinstance(raw, URL):
+        return raw
+    return parse_database_url(raw)
 
 
 def create_engine(
-    raw_url: str,
+    raw_url: str | URL,
     pool_size: int = 10,
     idle_in_transaction_timeout_s: float = 10.0,
     pre_ping: bool = False,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from asyncpg.exceptions import TargetServerAttributeNotMatched  # type: ignore[import-untyped]
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -25,7 +26,9 @@ TRANSIENT_DB_ERRORS = (OSError, ConnectionError, OperationalError, InterfaceErro
 # 53...: insufficient resources (53300: too many connections, max_connections or a role's or
 # database's CONNECTION LIMIT reached; 53200: out of memory). 57014: a statement cancelled by
 # statement_timeout (a claim stuck behind a lock, an overloaded server).
-_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "25P03", "53", "57014")
+# 25006: a write reached a read-only server (a standby, a primary being demoted, a proxy
+# pointing at the wrong node): wait for a primary like any other outage.
+_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "25P03", "53", "57014", "25006")
 
 # What an operator reads in the logs and in /readyz, by SQLSTATE prefix (first match wins).
 _REASONS = (
@@ -35,11 +38,26 @@ _REASONS = (
     ("57P", "the database is shutting down or starting up"),
     ("25P03", "a session was ended after idling in a transaction"),
     ("08", "the connection to the database failed"),
+    ("25006", "the database is read-only (a standby, or a primary being demoted) (25006)"),
 )
+_NO_PRIMARY = "no server in CRONHOOK_DATABASE_URL's host list is a primary (target_session_attrs) yet"
+
+
+def _no_primary(exc: BaseException) -> bool:
+    """A multi-host URL found no server with the asked-for role (all standbys during a
+    failover, before one is promoted): an outage, not a bug."""
+    cause: BaseException | None = exc
+    for _ in range(6):
+        if cause is None:
+            return False
+        if isinstance(cause, TargetServerAttributeNotMatched):
+            return True
+        cause = getattr(cause, "orig", None) or cause.__cause__
+    return False
 
 
 def is_transient_db_error(exc: BaseException) -> bool:
-    if isinstance(exc, TRANSIENT_DB_ERRORS):
+    if isinstance(exc, TRANSIENT_DB_ERRORS) or _no_primary(exc):
         return True
     if not isinstance(exc, DBAPIError):
         return False
@@ -52,6 +70,8 @@ def is_transient_db_error(exc: BaseException) -> bool:
 
 def outage_reason(exc: BaseException) -> str:
     """A short, secret-free description of a transient database error."""
+    if _no_primary(exc):
+        return _NO_PRIMARY
     orig = getattr(exc, "orig", None)
     sqlstate = getattr(orig, "sqlstate", None) or getattr(exc, "sqlstate", None)
     cause = exc.__cause__

@@ -30,6 +30,7 @@ import time
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.watch import DB_WATCH
 from app.domain.partition import PARTITION_COUNT, fair_share
 from app.logs import log_event
 from app.settings import MIN_RENEWALS_PER_PARTITION_LEASE, partition_lease_survives_renewals
@@ -149,21 +150,22 @@ class PartitionOwnership:
                 # Once per episode: during a database outage every round lands here.
                 self._untrust_logged = True
                 log_event(logger, "partitions_untrusted", logging.WARNING, count=len(previous))
-            async with self._engine.begin() as conn:
-                live = await replica_heartbeat(conn, self.replica_id, self.lease_s)
-                target = fair_share(self.replica_id, live, PARTITION_COUNT)
-                held = await partition_renew(conn, self.replica_id, previous, self.lease_s)
-                released: list[int] = []
-                acquired: Held = {}
-                if len(held) > target:
-                    # Shed the highest-numbered surplus; the joiner acquires it on its next round.
-                    surplus = dict(sorted(held.items())[target:])
-                    released = await partition_release(conn, self.replica_id, surplus)
-                    for partition in released:
-                        held.pop(partition, None)
-                elif len(held) < target:
-                    acquired = await partition_acquire(conn, self.replica_id, target - len(held), self.lease_s)
-                    held.update(acquired)
+            with DB_WATCH.operation("ownership_round"):
+                async with self._engine.begin() as conn:
+                    live = await replica_heartbeat(conn, self.replica_id, self.lease_s)
+                    target = fair_share(self.replica_id, live, PARTITION_COUNT)
+                    held = await partition_renew(conn, self.replica_id, previous, self.lease_s)
+                    released: list[int] = []
+                    acquired: Held = {}
+                    if len(held) > target:
+                        # Shed the highest-numbered surplus; the joiner acquires it on its next round.
+                        surplus = dict(sorted(held.items())[target:])
+                        released = await partition_release(conn, self.replica_id, surplus)
+                        for partition in released:
+                            held.pop(partition, None)
+                    elif len(held) < target:
+                        acquired = await partition_acquire(conn, self.replica_id, target - len(held), self.lease_s)
+                        held.update(acquired)
             lost = sorted(set(previous) - set(held) - set(released))
             self._held = held
             # A round that began before a stall proves nothing about the time after it.

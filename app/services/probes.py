@@ -1,6 +1,7 @@
 """The scheduler's and reaper's own small HTTP server (CRONHOOK_METRICS_PORT): GET /metrics for
-Prometheus and GET /healthz for liveness. It runs on the role's event loop, so a loop that is
-stuck stops answering /healthz and the container's health check notices."""
+Prometheus, GET /healthz for liveness and GET /readyz for readiness (the process commits to
+its database, app/db/watch.py). It runs on the role's event loop, so a loop that is stuck
+stops answering /healthz and the container's health check notices."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import logging
 
 from aiohttp import web
 
+from app.db.watch import DB_WATCH, readiness
 from app.logs import log_event
 from app.metrics import exposition
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
+_WARN_S = web.AppKey("warn_s", float)
 
 
 class PortInUse(Exception):
@@ -29,13 +32,23 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def _readyz(request: web.Request) -> web.Response:
+    """503 with a reason while this process cannot commit to the database (app/db/watch.py)."""
+    reason = readiness(DB_WATCH, request.app[_WARN_S])
+    if reason is None:
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "unavailable", "reason": reason}, status=503)
+
+
 async def start_probe_server(settings: Settings, role: str) -> web.AppRunner | None:
     """Starts the server when CRONHOOK_METRICS_PORT is set; None when it is not."""
     if not settings.metrics_port:
         return None
     app = web.Application()
+    app[_WARN_S] = settings.db_stall_warn_s
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:

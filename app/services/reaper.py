@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import metrics
+from app.db.watch import DB_WATCH
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.logs import log_event
@@ -73,21 +74,22 @@ class Reaper:
 
     async def run_once(self) -> dict[str, int]:
         counts = {"rescued": 0, "dead_lettered": 0}
-        async with self._engine.begin() as conn:
-            expired = await job_lock_expired_leases(
-                conn, self.config.batch_size, self.config.lease_margin_s, self.config.dead_replica_fast_rescue
-            )
-            items = [
-                FinishedAttempt(
-                    lease.job,
-                    AttemptOutcome(RunOutcome.LEASE_EXPIRED, error=_rescue_reason(lease)),
-                    after_attempt(lease.job.attempt_context(), False, lease.job.claimed_at, self._rng),
+        with DB_WATCH.operation("rescue"):
+            async with self._engine.begin() as conn:
+                expired = await job_lock_expired_leases(
+                    conn, self.config.batch_size, self.config.lease_margin_s, self.config.dead_replica_fast_rescue
                 )
-                for lease in expired
-            ]
-            owner_dead = {lease.job.lease_token for lease in expired if lease.owner_dead}
-            # We hold the rows' locks, so every one applies; the guard stays as a backstop.
-            applied = await job_finish_attempts(conn, items)
+                items = [
+                    FinishedAttempt(
+                        lease.job,
+                        AttemptOutcome(RunOutcome.LEASE_EXPIRED, error=_rescue_reason(lease)),
+                        after_attempt(lease.job.attempt_context(), False, lease.job.claimed_at, self._rng),
+                    )
+                    for lease in expired
+                ]
+                owner_dead = {lease.job.lease_token for lease in expired if lease.owner_dead}
+                # We hold the rows' locks, so every one applies; the guard stays as a backstop.
+                applied = await job_finish_attempts(conn, items)
         for item in items:
             if item.lease not in applied:
                 continue

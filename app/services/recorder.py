@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.errors import is_transient_db_error
+from app.db.watch import DB_WATCH
 from app.domain.job import FinishedAttempt
 from app.logs import log_event
 from app.store.outcomes import finish_is_one_statement, job_finish_attempts
@@ -86,6 +87,10 @@ class OutcomeRecorder:
                     pending.done.set_result(pending.item.lease in applied)
 
     async def _write(self, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
+        with DB_WATCH.operation("outcome_batch"):
+            return await self._write_batch(items)
+
+    async def _write_batch(self, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
         if not finish_is_one_statement(items):
             async with self._engine.begin() as conn:
                 return await job_finish_attempts(conn, items)

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import metrics
 from app.db.errors import is_transient_db_error
+from app.db.watch import DB_WATCH
 from app.domain.fair_share import SlotShares, tenant_share_of
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
@@ -134,19 +135,20 @@ class Scheduler:
         held = self.ownership.held()
         if not held:
             return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
-        async with self._engine.connect() as conn:
-            # One statement, atomic on its own: no BEGIN and COMMIT round trips (the claim
-            # opens a transaction where it needs one).
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
-            batch = await job_claim_batch(
-                conn,
-                self.config.replica_id,
-                requested,
-                self.config.lease_s,
-                held,
-                self.config.priority_aging_s,
-                self.shares.claim_shares(),
-            )
+        with DB_WATCH.operation("claim"):
+            async with self._engine.connect() as conn:
+                # One statement, atomic on its own: no BEGIN and COMMIT round trips (the claim
+                # opens a transaction where it needs one).
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+                batch = await job_claim_batch(
+                    conn,
+                    self.config.replica_id,
+                    requested,
+                    self.config.lease_s,
+                    held,
+                    self.config.priority_aging_s,
+                    self.shares.claim_shares(),
+                )
         claimed = batch.jobs
         for job in claimed:
             self.shares.take(job.tenant_id, _default_capped(job))

@@ -8,12 +8,15 @@ import logging
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.watch import DB_WATCH
 from app.services.backlog import BacklogSampler
+from app.services.db_health import CommitProbe, StallReporter
 from app.services.loop import run_forever
 from app.services.reaper import Reaper, ReaperConfig
 from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
+from app.store.rescues import replica_session_name
 
 
 class Services:
@@ -36,9 +39,25 @@ class Services:
 
 
 def start_services(
-    engine: AsyncEngine, settings: Settings, stop: asyncio.Event, *, scheduler: bool = True, reaper: bool = True
+    engine: AsyncEngine,
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    scheduler: bool = True,
+    reaper: bool = True,
+    role: str | None = None,
+    read_cluster: bool | None = None,
 ) -> Services:
+    """`role` names the process in logs and metrics; `read_cluster` (default: when this process
+    runs no scheduler) makes readiness fail while no scheduler of the cluster is alive."""
     tasks: list[asyncio.Task[None]] = []
+    # Every process follows its database: a commit probe for readiness, a stall reporter.
+    DB_WATCH.reset(role or ("scheduler" if scheduler else "reaper" if reaper else "api"))
+    warn_s = settings.db_stall_warn_s
+    probe = CommitProbe(engine, DB_WATCH, warn_s, read_cluster=not scheduler if read_cluster is None else read_cluster)
+    reporter = StallReporter(engine, DB_WATCH, warn_s, replica_session_name(settings.replica_id))
+    health_logger = logging.getLogger("app.services.db_health")
+    tasks += [asyncio.create_task(run_forever(watcher, stop, health_logger)) for watcher in (probe, reporter)]
     running_scheduler = None
     if scheduler:
         running_scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -12,6 +12,7 @@ from app.api.deps import get_engine
 from app.api.schemas.operations import Health, Readiness
 from app.db.errors import is_transient_db_error, outage_reason
 from app.db.migrate import schema_is_current
+from app.db.watch import readiness
 from app.logs import log_event
 
 router = APIRouter(tags=["health"])
@@ -24,9 +25,10 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", operation_id="readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(engine: AsyncEngine = Depends(get_engine)) -> Readiness | JSONResponse:  # noqa: B008
+async def readyz(request: Request, engine: AsyncEngine = Depends(get_engine)) -> Readiness | JSONResponse:  # noqa: B008
     database = schema_current = False
     reason = None
+    watch = getattr(request.app.state, "db_watch", None)
     try:
         # One round trip answers both: reading the revision needs a working connection.
         schema_current = await schema_is_current(engine)
@@ -37,6 +39,13 @@ async def readyz(engine: AsyncEngine = Depends(get_engine)) -> Readiness | JSONR
         reason = outage_reason(exc)
         # DEBUG: probes come every few seconds; the services log an outage once per episode.
         log_event(logger, "readiness_db_unavailable", logging.DEBUG, error=type(exc).__name__, reason=reason)
+    if database and schema_current and watch is not None:
+        # Reads work; do commits? And is anything delivering? (app/services/db_health.py)
+        settings = request.app.state.settings
+        reason = readiness(watch, settings.db_stall_warn_s)
+        if reason is not None:
+            body = Readiness(status="unavailable", database=True, schema_current=True, reason=reason)
+            return JSONResponse(body.model_dump(), status_code=503)
     if database and schema_current:
         return Readiness(status="ready", database=True, schema_current=True)
     if database:
