@@ -1,25 +1,22 @@
 """The `cronhook` command started the way operators deploy it, on an external database: the
 key ring is required, secrets come from files, the password may hold any character, several
 hosts are followed, a malformed URL is one line, and `cronhook health --ready` answers from
-the process's own view of the database."""
+the process's own view of the database. (Passwords against a server that checks them:
+tests/e2e/test_database_faults.py.)"""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import text
 
 from app.db.engine import create_engine, normalize_url
 from app.db.migrate import schema_is_current
-from app.keyring import new_key_entry
-from tests.conftest import admin_execute
 from tests.e2e.test_processes import CRONHOOK, Processes, base_env, free_port
 from tests.receiver import wait_for
-from tests.unit.test_database_url_and_secrets import HOSTILE_PASSWORD, MALFORMED
+from tests.unit.test_database_url_and_secrets import MALFORMED
 
 pytestmark = pytest.mark.e2e
 
@@ -58,21 +55,6 @@ def test_a_malformed_database_url_is_one_line_naming_the_setting(raw: str, says:
     assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
 
 
-@pytest.fixture
-async def role_with_password(pg_server_url: str, db_url: str) -> AsyncIterator[str]:
-    """A login role whose password holds every URL-special character (TCP servers only: the
-    embedded server trusts its socket and never asks)."""
-    url = normalize_url(pg_server_url)
-    if url.query.get("host", "").startswith("/"):
-        pytest.skip("the embedded server authenticates no one over its socket")
-    escaped = HOSTILE_PASSWORD.replace("'", "''")
-    await admin_execute(pg_server_url, f"CREATE ROLE cronhook_pw_test LOGIN PASSWORD '{escaped}' SUPERUSER")
-    try:
-        yield "cronhook_pw_test"
-    finally:
-        await admin_execute(pg_server_url, "DROP ROLE IF EXISTS cronhook_pw_test")
-
-
 def _tcp_hosts(db_url: str) -> tuple[list[str], str]:
     """The test server as a host list entry (a socket directory or host:port) and the database."""
     url = normalize_url(db_url)
@@ -95,35 +77,6 @@ async def test_migrate_follows_a_multi_host_url_past_a_dead_host(db_url: str, tm
     engine = create_engine(multi)
     try:
         assert await schema_is_current(engine)
-    finally:
-        await engine.dispose()
-
-
-async def test_a_password_with_every_special_character_works_from_a_file(
-    role_with_password: str, db_url: str, tmp_path: Path
-) -> None:
-    url = normalize_url(db_url)
-    password_file = tmp_path / "db-password"
-    password_file.write_text(HOSTILE_PASSWORD + "\n")
-    keys_file = tmp_path / "keys"
-    keys_file.write_text(new_key_entry("filek") + "\n")
-    env = without_ring(
-        CRONHOOK_DATABASE_URL=f"postgresql://{role_with_password}@{url.host}:{url.port or 5432}/{url.database}",
-        CRONHOOK_DATABASE_PASSWORD_FILE=str(password_file),
-        CRONHOOK_SECRET_KEYS_FILE=str(keys_file),
-    )
-    result = run(env, "migrate")
-    assert result.returncode == 0, result.stderr[-3000:]
-    # And pasted into the URL as it is, unquoted.
-    pasted = f"postgresql://{role_with_password}:{HOSTILE_PASSWORD}@{url.host}:{url.port or 5432}/{url.database}"
-    env = base_env(CRONHOOK_DATABASE_URL=pasted)
-    result = run(env, "migrate")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert HOSTILE_PASSWORD not in result.stderr
-    engine = create_engine(pasted)
-    try:
-        async with engine.connect() as conn:
-            assert await conn.scalar(text("SELECT current_user")) == role_with_password
     finally:
         await engine.dispose()
 
