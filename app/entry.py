@@ -1,5 +1,6 @@
 """The `cronhook` executable. Client verbs (jobs, targets, dead-letters, schedules) import
-only the small HTTP client, so they start in a fraction of the time the service roles need."""
+only the small HTTP client, and `health` only the standard library, so they start in a
+fraction of the time the service roles need."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None) -> None:
         from app.client.commands import client_main
 
         raise SystemExit(client_main(args))
+    if args and args[0] == "health":
+        from app.health_check import main as health_main
+
+        raise SystemExit(health_main(args[1:]))
     if args and args[0] in SERVICE_ROLES:
         _share_metrics_between_processes()
         _stop_cleanly_while_starting()
