@@ -44,6 +44,7 @@ from app.store.claims import (
     job_claim_batch,
     job_hand_off_occurrence,
     job_release_claim,
+    job_release_unanswered_claim,
     job_settle_due_plan,
 )
 from app.store.rescues import replica_session_name
@@ -69,7 +70,12 @@ class Scheduler:
         self.ownership = PartitionOwnership(
             engine, config.replica_id, config.partition_lease_s, config.partition_renew_s
         )
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Deliveries in flight, with the lease token each holds.
+        self._tasks: dict[asyncio.Task[None], uuid.UUID] = {}
+        # The last answered claim's database time, and whether a claim has failed since with
+        # its answer lost (it may have committed): see _release_unanswered_claim.
+        self._answered_db_now: dt.datetime | None = None
+        self._claim_unanswered = False
         self.wake = asyncio.Event()
         self._started = False
         self._wake_plan = WakePlan(self.wake)
@@ -126,6 +132,8 @@ class Scheduler:
         self._wake_plan.forget_next_due()
         if not self.ownership.trusted():
             await self.ownership.run_once()
+        if self._claim_unanswered:
+            await self._release_unanswered_claim()
         capacity = self._capacity()
         if capacity < self._refill or capacity <= 0:
             # Nearly full: wait until a good share of the slots is free (`wake`), rather
@@ -135,7 +143,7 @@ class Scheduler:
         held = self.ownership.held()
         if not held:
             return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
-        with DB_WATCH.operation("claim"):
+        with DB_WATCH.operation("claim"), _unanswered_on_outage(self):
             async with self._engine.connect() as conn:
                 # One statement, atomic on its own: no BEGIN and COMMIT round trips (the claim
                 # opens a transaction where it needs one).
@@ -150,6 +158,7 @@ class Scheduler:
                     self.shares.claim_shares(),
                 )
         claimed = batch.jobs
+        self._answered_db_now = batch.db_now
         for job in claimed:
             self.shares.take(job.tenant_id, _default_capped(job))
         if len(claimed) < requested:
@@ -160,7 +169,7 @@ class Scheduler:
         started: list[asyncio.Task[None]] = []
         for job in claimed:
             task = asyncio.create_task(self._deliver(job, held[job.partition], claimed_mono))
-            self._tasks.add(task)
+            self._tasks[task] = job.lease_token
             task.add_done_callback(self._on_task_done)
             started.append(task)
         if wait and started:
@@ -240,11 +249,24 @@ class Scheduler:
             self._wake_plan.planned(None)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         if self._capacity() == self._refill:
             self.wake.set()
         if not task.cancelled() and task.exception() is not None:
             log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))
+
+    async def _release_unanswered_claim(self) -> None:
+        """A claim failed with the database gone (a failover, a restart) after its commit may
+        have happened: the jobs it leased are this replica's, and nobody else's, until their
+        lease ends (60 s by default). This replica never saw them and started no POST for them,
+        so they are handed back at once, before the next claim."""
+        async with self._engine.begin() as conn:
+            released = await job_release_unanswered_claim(
+                conn, self.config.replica_id, self._answered_db_now, self.config.lease_s, list(self._tasks.values())
+            )
+        self._claim_unanswered = False
+        if released:
+            log_event(logger, "unanswered_claim_released", logging.WARNING, released=released)
 
     def _capacity(self) -> int:
         # A delivery holds its slot until its outcome is recorded: more POSTs in flight than
@@ -408,3 +430,17 @@ def _log_outcome(job: ClaimedJob, result: AttemptOutcome, new_state: str, dead_l
         status=result.status_code,
         state=new_state,
     )
+
+
+class _unanswered_on_outage:
+    """Around a claim: an outage means its answer is lost, not that nothing was claimed."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        if error is not None and is_transient_db_error(error):
+            self._scheduler._claim_unanswered = True

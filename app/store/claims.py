@@ -428,24 +428,52 @@ async def _job_quarantine(conn: AsyncConnection, job_id: uuid.UUID, lease_token:
     log_event(logger, "job_quarantined", logging.ERROR, job_id=str(job_id), error=error.split(":")[0])
 
 
+def _unstarted_claim_handed_back() -> dict[str, Any]:
+    """A claim handed back before any POST: waiting again at once, the attempt not counted."""
+    return {
+        "state": case(
+            (jobs.c.attempt > 1, cast(literal(JobState.RETRYING.value), job_state)),
+            else_=cast(literal(JobState.SCHEDULED.value), job_state),
+        ),
+        "attempt": jobs.c.attempt - 1,
+        "run_at": func.now(),
+        **NO_LEASE,
+        "updated_at": func.now(),
+    }
+
+
 async def job_release_claim(conn: AsyncConnection, job: ClaimedJob) -> bool:
     """Hands an unstarted claim back (no POST was made): the attempt is not counted."""
     stmt = (
         update(jobs)
         .where(*_leased(job.id, job.lease_token))
-        .values(
-            state=case(
-                (jobs.c.attempt > 1, cast(literal(JobState.RETRYING.value), job_state)),
-                else_=cast(literal(JobState.SCHEDULED.value), job_state),
-            ),
-            attempt=jobs.c.attempt - 1,
-            run_at=func.now(),
-            **NO_LEASE,
-            updated_at=func.now(),
-        )
+        .values(**_unstarted_claim_handed_back())
         .returning(jobs.c.id)
     )
     return (await conn.execute(stmt)).first() is not None
+
+
+async def job_release_unanswered_claim(
+    conn: AsyncConnection,
+    owner: str,
+    answered_db_now: dt.datetime | None,
+    lease_s: float,
+    in_flight: list[uuid.UUID],
+) -> int:
+    """Hands back what a claim whose answer was lost leased to `owner` (the connection died
+    around its commit). No POST was made for those jobs, so, as job_release_claim, the
+    attempt is not counted. They are `owner`'s running jobs not in flight whose lease is
+    newer than its last answered claim's: that claim leased until `answered_db_now` +
+    `lease_s` (its now()), and nothing extends a lease. Without an answered claim, every
+    running job of `owner` not in flight is one (a replica id is unique to its process).
+    Not a hot path: built per call."""
+    conditions = [jobs.c.state == JobState.RUNNING, jobs.c.lease_owner == owner]
+    if answered_db_now is not None:
+        conditions.append(jobs.c.lease_expires_at > answered_db_now + dt.timedelta(seconds=lease_s))
+    if in_flight:
+        conditions.append(jobs.c.lease_token.not_in(in_flight))
+    stmt = update(jobs).where(*conditions).values(**_unstarted_claim_handed_back()).returning(jobs.c.id)
+    return len((await conn.execute(stmt)).all())
 
 
 async def job_hand_off_occurrence(
