@@ -71,19 +71,23 @@ class OutageLog:
         self._since, self._failures = None, 0
 
 
-async def run_forever(service: Service, stop: asyncio.Event, logger: logging.Logger) -> None:
-    error_backoff = MIN_ERROR_BACKOFF_S
+async def run_forever(
+    service: Service, stop: asyncio.Event, logger: logging.Logger, max_error_backoff_s: float = MAX_ERROR_BACKOFF_S
+) -> None:
+    """`max_error_backoff_s`: the longest wait between failed passes (the commit probe keeps
+    it short, so readiness returns soon after the database does)."""
+    error_backoff = min(MIN_ERROR_BACKOFF_S, max_error_backoff_s)
     outage = OutageLog(logger, service.name)
     while not stop.is_set():
         try:
             counts = await service.tick()
             outage.succeeded()
-            error_backoff = MIN_ERROR_BACKOFF_S
+            error_backoff = min(MIN_ERROR_BACKOFF_S, max_error_backoff_s)
             wait = service.idle_wait_s(counts)
         except Exception as exc:
             outage.failed(exc, error_backoff)
             wait = error_backoff
-            error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
+            error_backoff = min(error_backoff * 2, max_error_backoff_s)
         if wait > 0:
             # Jitter keeps replicas that started together from polling in lockstep.
             await wait_for_stop_or_wake(stop, service.wake, wait * random.uniform(0.8, 1.2))

@@ -57,7 +57,9 @@ def start_services(
     probe = CommitProbe(engine, DB_WATCH, warn_s, read_cluster=not scheduler if read_cluster is None else read_cluster)
     reporter = StallReporter(engine, DB_WATCH, warn_s, replica_session_name(settings.replica_id))
     health_logger = logging.getLogger("app.services.db_health")
-    tasks += [asyncio.create_task(run_forever(watcher, stop, health_logger)) for watcher in (probe, reporter)]
+    # The probe retries at least every half stall period: readiness follows the database back.
+    tasks.append(asyncio.create_task(run_forever(probe, stop, health_logger, max_error_backoff_s=warn_s / 2)))
+    tasks.append(asyncio.create_task(run_forever(reporter, stop, health_logger)))
     running_scheduler = None
     if scheduler:
         running_scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
