@@ -192,6 +192,18 @@ def assert_delivered_once_but_in_flight(receiver: Receiver, expected: int, in_fl
     )
 
 
+async def roles_delivering(services: Processes, drill: Drill, receiver: Receiver, jobs: int) -> tuple[Role, Role]:
+    """A scheduler and a reaper, ready, with `jobs` delivered through them: the steady state
+    every drill breaks."""
+    scheduler = await start_role(services, drill, "scheduler")
+    reaper = await start_role(services, drill, "reaper")
+    await wait_ready(scheduler)
+    await wait_ready(reaper)
+    await make_jobs(drill.engine, drill.tenant, drill.target, jobs)
+    await wait_for(lambda: len(receiver.requests) >= jobs, timeout=SETTLE_S, message=f"first {jobs} delivered")
+    return scheduler, reaper
+
+
 async def test_failover_to_the_synchronous_standby_loses_nothing(
     cluster: PgCluster, receiver: Receiver, services: Processes
 ) -> None:
@@ -199,12 +211,7 @@ async def test_failover_to_the_synchronous_standby_loses_nothing(
     standby = await asyncio.to_thread(cluster.add_standby, primary, "standby", True)
     drill = await prepare(cluster, [primary, standby], receiver, services.log_dir)
     try:
-        scheduler = await start_role(services, drill, "scheduler")
-        reaper = await start_role(services, drill, "reaper")
-        await wait_ready(scheduler)
-        await wait_ready(reaper)
-        await make_jobs(drill.engine, drill.tenant, drill.target, 30)
-        await wait_for(lambda: len(receiver.requests) >= 30, timeout=SETTLE_S, message="first 30 delivered")
+        scheduler, reaper = await roles_delivering(services, drill, receiver, 30)
 
         # Slow answers keep deliveries in flight when the primary goes; more jobs fall due
         # through the outage.
@@ -250,12 +257,7 @@ async def test_a_commit_stall_warns_fails_readiness_and_clears_without_a_restart
     standby = await asyncio.to_thread(cluster.add_standby, primary, "standby", True)
     drill = await prepare(cluster, [primary], receiver, services.log_dir)
     try:
-        scheduler = await start_role(services, drill, "scheduler")
-        reaper = await start_role(services, drill, "reaper")
-        await wait_ready(scheduler)
-        await wait_ready(reaper)
-        await make_jobs(drill.engine, drill.tenant, drill.target, 30)
-        await wait_for(lambda: len(receiver.requests) >= 30, timeout=SETTLE_S, message="first 30 delivered")
+        scheduler, reaper = await roles_delivering(services, drill, receiver, 30)
 
         # These fall due during the stall: their claim is a commit that waits for the standby.
         await make_jobs(drill.engine, drill.tenant, drill.target, 30, due_in_s=1.5)
@@ -311,12 +313,7 @@ async def test_a_lock_held_by_another_session_is_named_in_the_warning(
     # The lock holder: a plain session (cronhook's engines end a transaction idle for 10 s).
     holder = create_async_engine(normalize_url(cluster.superuser_url(primary, DATABASE)), poolclass=NullPool)
     try:
-        scheduler = await start_role(services, drill, "scheduler")
-        reaper = await start_role(services, drill, "reaper")
-        await wait_ready(scheduler)
-        await wait_ready(reaper)
-        await make_jobs(drill.engine, drill.tenant, drill.target, 20)
-        await wait_for(lambda: len(receiver.requests) >= 20, timeout=SETTLE_S, message="first 20 delivered")
+        scheduler, reaper = await roles_delivering(services, drill, receiver, 20)
 
         await make_jobs(drill.engine, drill.tenant, drill.target, 30, due_in_s=1.0)
         async with holder.begin() as conn:
