@@ -23,7 +23,7 @@ logger = logging.getLogger("app.access")
 HEADER = b"x-request-id"
 _SANE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")
 # Scrapes and probes would drown the access log; they are still counted.
-QUIET_ROUTES = frozenset({"/metrics", "/healthz", "/readyz"})
+QUIET_ROUTES = frozenset({"/metrics", "/healthz", "/livez", "/readyz"})
 
 
 class RequestObservability:

@@ -48,6 +48,7 @@ async def start_probe_server(settings: Settings, role: str) -> web.AppRunner | N
     app[_WARN_S] = settings.db_stall_warn_s
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/livez", _healthz)
     app.router.add_get("/readyz", _readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

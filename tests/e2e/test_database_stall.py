@@ -100,7 +100,8 @@ async def test_a_commit_stall_is_reported_and_readiness_follows_it(
             await wait_for(not_ready, timeout=30, interval=0.2, message="readiness fails during the stall")
             body = (await http.get("/readyz")).json()
             assert "no database commit has completed" in body["reason"]
-            assert (await http.get("/healthz")).status_code == 200  # alive: no reason to restart it
+            # Alive: no reason to restart it.
+            assert [(await http.get(probe)).status_code for probe in ("/healthz", "/livez")] == [200, 200]
             exposition = (await http.get("/metrics")).text
             assert sample_value(exposition, "cronhook_db_oldest_operation_seconds", {"role": "scheduler"}) >= 1
             # The warning repeats with backoff while it lasts, not once per second.

@@ -21,6 +21,13 @@ logger = logging.getLogger(__name__)
 
 @router.get("/healthz", operation_id="healthz")
 async def healthz() -> Health:
+    """Liveness: the process serves requests. Stays 200 through a database stall."""
+    return Health(status="ok")
+
+
+@router.get("/livez", operation_id="livez")
+async def livez() -> Health:
+    """/healthz under the name Kubernetes' probes use."""
     return Health(status="ok")
 
 
