@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"cronhook: invalid {name}: {error['msg']}", file=sys.stderr)  # noqa: T201
         raise SystemExit(2) from None
     configure_logging(settings.log_level, settings.log_format)
-    if args.command in _OPENS_SECRETS:
+    if args.command in _OPENS_SECRETS and getattr(args, "action", None) != "new-key":
         # Before anything starts: a process without the deployment's key ring would seal
         # secrets no other process opens (app/settings.py, load_key_ring).
         try:
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1) from None
 
 
-# The commands that seal or open target secrets, or start a process that does.
+# The commands that seal or open target secrets, or start a process that does (`secrets
+# new-key` only prints a key: it is how an operator without a ring makes one).
 _OPENS_SECRETS = frozenset({"up", "api", "scheduler", "reaper", "migrate", "secrets"})
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from app.db.engine import create_engine, normalize_url
 from app.db.migrate import schema_is_current
+from app.keyring import parse_key_ring
 from tests.e2e.test_processes import CRONHOOK, Processes, base_env, free_port
 from tests.receiver import wait_for
 from tests.unit.test_database_url_and_secrets import MALFORMED
@@ -41,6 +42,10 @@ def test_a_role_on_an_external_database_without_the_key_ring_refuses_to_start(db
         assert "cronhook secrets new-key" in lines[0]
     # Nothing was generated for it to lose later.
     assert not (tmp_path / "secret-keys").exists()
+    # The recipe the refusal names works where the refusal happens.
+    made = run(without_ring(CRONHOOK_DATABASE_URL=db_url, CRONHOOK_DATA_DIR=str(tmp_path)), "secrets", "new-key")
+    assert made.returncode == 0, made.stderr
+    assert parse_key_ring(made.stdout.strip()).key_ids
 
 
 @pytest.mark.parametrize(("raw", "says"), MALFORMED[1:])
