@@ -122,10 +122,12 @@ WORKDIR /home/cronhook
 
 EXPOSE 8080 9100
 
-# Readiness: `cronhook health --ready` asks the role's own /readyz (it answers only while the
-# role can reach and commit to its database): the API's port, or for scheduler and reaper the
-# probe port (set CRONHOOK_METRICS_PORT, as docker-compose.yml does).
-HEALTHCHECK --interval=5s --timeout=5s --start-period=60s --retries=3 CMD ["cronhook", "health", "--ready"]
+# Liveness: `cronhook health` asks the role's own /healthz (the API's port, or for scheduler
+# and reaper the probe port, CRONHOOK_METRICS_PORT). Not readiness here: orchestrators that
+# restart unhealthy containers (Swarm, ECS) would restart every one through a database stall,
+# which a restart does not fix. docker-compose.yml checks readiness (`--ready`) instead,
+# where unhealthy restarts nothing and `service_healthy` ordering wants it.
+HEALTHCHECK --interval=5s --timeout=5s --start-period=60s --retries=3 CMD ["cronhook", "health"]
 
 ENTRYPOINT ["cronhook"]
 CMD ["up"]

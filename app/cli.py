@@ -316,6 +316,6 @@ def _cmd_cron_check(settings: Settings, args: argparse.Namespace) -> None:
         nonlocal changed
         changed = await cron_check(engine, args.fires, sys.stdout, as_json=args.json)
 
-    run_role(settings, body)
+    run_role(settings, body, opens_secrets=False)
     # Like diff: 1 when something is listed.
     raise SystemExit(1 if changed else 0)

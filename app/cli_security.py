@@ -68,7 +68,7 @@ def _cmd_api_key_create(settings: Settings, args: argparse.Namespace) -> None:
         log_event(logger, "api_key_created", tenant=args.tenant, key_id=str(row["id"]))
         print(key)  # noqa: T201
 
-    run_role(settings, body)
+    run_role(settings, body, opens_secrets=False)
 
 
 def _key_json(row: Any) -> str:
@@ -84,7 +84,7 @@ def _cmd_api_key_list(settings: Settings, args: argparse.Namespace) -> None:
             for row in await api_key_list(conn, tenant_id):
                 print(_key_json(row))  # noqa: T201
 
-    run_role(settings, body)
+    run_role(settings, body, opens_secrets=False)
 
 
 def _cmd_api_key_revoke(settings: Settings, args: argparse.Namespace) -> None:
@@ -106,7 +106,7 @@ def _cmd_api_key_revoke(settings: Settings, args: argparse.Namespace) -> None:
         log_event(logger, "api_key_revoked", key_id=str(args.key_id))
         print(_key_json(row))  # noqa: T201
 
-    run_role(settings, body)
+    run_role(settings, body, opens_secrets=False)
 
 
 def _cmd_secrets_rotate(settings: Settings, args: argparse.Namespace) -> None:
@@ -157,4 +157,4 @@ def _cmd_tenant_limits(settings: Settings, args: argparse.Namespace) -> None:
         effective = default_limits(settings).overridden(current)
         print(json.dumps({"tenant": args.tenant, "effective": dataclasses.asdict(effective), "overrides": current}))  # noqa: T201
 
-    run_role(settings, body)
+    run_role(settings, body, opens_secrets=False)

@@ -56,7 +56,7 @@ class ChildSpec:
 def child_env(base: dict[str, str], index: int) -> dict[str, str]:
     """The environment of child `index` (1-based): one process per child, no migrations or
     bootstrap key (the parent did both), and its own replica id."""
-    env = {k: v for k, v in base.items() if k != "CRONHOOK_BOOTSTRAP_API_KEY"}
+    env = {k: v for k, v in base.items() if k not in ("CRONHOOK_BOOTSTRAP_API_KEY", "CRONHOOK_BOOTSTRAP_API_KEY_FILE")}
     # The parent serves the probes and the metrics of all (PROMETHEUS_MULTIPROC_DIR): a child
     # binding the same port would fail.
     env.update(

@@ -36,8 +36,13 @@ CONNECT_WAIT_S = 60.0
 
 
 class Runtime:
-    def __init__(self, settings: Settings, pre_ping: bool = False, generic_plans: bool = False) -> None:
+    def __init__(
+        self, settings: Settings, pre_ping: bool = False, generic_plans: bool = False, opens_secrets: bool = True
+    ) -> None:
         self.settings = settings
+        # False for the tools that never seal or open a target secret (api-key, tenant
+        # limits, cron-check): they run where no key ring is configured, and seal nothing.
+        self._opens_secrets = opens_secrets
         # Scheduler-only processes: their sessions plan on generic plans (app/db/engine.py).
         self._generic_plans = generic_plans
         # Off for scheduler-only processes (app/db/engine.py says why).
@@ -77,7 +82,8 @@ class Runtime:
         migrating = self.settings.auto_migrate if migrate is None else migrate
         if migrating:
             await migrate_to_head(self._engine)
-        await self._start_key_ring(seal=migrating)
+        if self._opens_secrets or self.settings.secret_keys is not None or self.settings.database_url is None:
+            await self._start_key_ring(seal=migrating)
         if self.settings.bootstrap_api_key is not None:
             async with self._engine.begin() as conn:
                 tenant_id = await tenant_ensure(conn, BOOTSTRAP_TENANT)
@@ -181,15 +187,17 @@ def run_role(
     body: Callable[[AsyncEngine, asyncio.Event], Awaitable[None]],
     migrate: bool | None = None,
     generic_plans: bool = False,
+    opens_secrets: bool = True,
 ) -> None:
-    """Runs `body` with a database, stopping cleanly on SIGINT/SIGTERM."""
+    """Runs `body` with a database, stopping cleanly on SIGINT/SIGTERM (`opens_secrets`: see
+    Runtime)."""
 
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        runtime = Runtime(settings, generic_plans=generic_plans)
+        runtime = Runtime(settings, generic_plans=generic_plans, opens_secrets=opens_secrets)
         try:
             engine = await runtime.start(migrate=migrate)
             await body(engine, stop)

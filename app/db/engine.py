@@ -54,10 +54,17 @@ def create_engine(
         # Names the process's sessions, so the reaper can tell a dead replica (no session left)
         # from one that is only slow (app/store/rescues.py).
         server_settings["application_name"] = application_name
+    url = normalize_url(raw_url)
+    connect_args: dict[str, object] = {}
+    if "timeout" in url.query:
+        # The URL's connect_timeout (app/db/url.py): the driver wants a number, not text.
+        connect_args["timeout"] = float(str(url.query["timeout"]))
+        url = url.difference_update_query(["timeout"])
     return create_async_engine(
-        normalize_url(raw_url),
+        url,
         execution_options=execution_options,
         connect_args={
+            **connect_args,
             "server_settings": server_settings,
             # asyncpg keeps a prepared statement per connection only for SQL up to this size
             # (15 KB by default); the claim's is ~17 KB (ten level scans), and re-preparing it

@@ -38,6 +38,19 @@ _HOST_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _HOST_LIST = re.compile(r"^[A-Za-z0-9_.,:%\[\]-]*$")
 
 
+# libpq's connection parameters the driver (asyncpg) takes, as the driver names them.
+_PARAMETERS = {
+    "sslmode": "ssl",
+    "ssl": "ssl",
+    "connect_timeout": "timeout",
+    "target_session_attrs": "target_session_attrs",
+    "krbsrvname": "krbsrvname",
+    "gsslib": "gsslib",
+}
+# Parameters asyncpg reads from the environment instead.
+_FROM_ENVIRONMENT = {"sslrootcert": "PGSSLROOTCERT", "sslcert": "PGSSLCERT", "sslkey": "PGSSLKEY", "sslcrl": "PGSSLCRL"}
+
+
 class DatabaseUrlError(ValueError):
     """A database URL cronhook cannot use; the message says why (without the password)."""
 
@@ -52,6 +65,12 @@ def parse_database_url(raw: str, password: str | None = None) -> URL:
         raise DatabaseUrlError(f"unsupported scheme {scheme[:40]!r}; use postgresql://")
     user = url_password = None
     split = _split_userinfo(rest)
+    if split is None and "@" in rest.partition("?")[0]:
+        # What precedes the `@` may be a password: quote none of it.
+        raise DatabaseUrlError(
+            "no host list follows the user part (user:password@): check the host names, or pass "
+            "the password in CRONHOOK_DATABASE_PASSWORD"
+        )
     if split is not None:
         userinfo, rest = split
         name, has_password, secret = userinfo.partition(":")
@@ -85,7 +104,14 @@ def parse_database_url(raw: str, password: str | None = None) -> URL:
     elif len(hosts) > 1:
         # Several hosts mean failover: follow the primary, never a standby that answers first.
         query["target_session_attrs"] = ["read-write"]
-    final_query = {key: values[0] if len(values) == 1 else tuple(values) for key, values in query.items()}
+    if len(hosts) > 1 and any(":" in host for host, _ in hosts):
+        raise DatabaseUrlError("an IPv6 address cannot stand in a list of several hosts here: use host names")
+    final_query = {
+        _driver_parameter(key): values[0] if len(values) == 1 else tuple(values) for key, values in query.items()
+    }
+    timeout = final_query.get("timeout")
+    if timeout is not None and not (isinstance(timeout, str) and _is_positive_number(timeout)):
+        raise DatabaseUrlError("connect_timeout must be a number of seconds above 0")
     single_host, single_port = hosts[0] if len(hosts) == 1 else (None, None)
     if len(hosts) == 1 and single_host and single_host.startswith("/"):
         final_query["host"] = single_host
@@ -131,6 +157,24 @@ def _query(text: str) -> dict[str, list[str]]:
         else:
             query.setdefault(key, []).append(value)
     return query
+
+
+def _is_positive_number(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
+
+
+def _driver_parameter(name: str) -> str:
+    """The driver's name for a libpq parameter, or a clear refusal."""
+    if name in _PARAMETERS:
+        return _PARAMETERS[name]
+    if name in _FROM_ENVIRONMENT:
+        raise DatabaseUrlError(f"{name} is read from the environment here: set {_FROM_ENVIRONMENT[name]} instead")
+    if name in ("application_name", "options", "dbname", "user"):
+        raise DatabaseUrlError(f"{name} cannot be set in the URL (cronhook sets it, or it has its own place)")
+    raise DatabaseUrlError(f"unsupported parameter {name[:40]!r}; supported: {', '.join(sorted(_PARAMETERS))}")
 
 
 def _hosts(text: str) -> list[tuple[str, int | None]]:

@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -29,6 +30,7 @@ from app.store.db_health import database_commit_probe, schedulers_live, session_
 
 logger = logging.getLogger(__name__)
 
+_INSUFFICIENT_PRIVILEGE = "42501"
 # The waits look-up may itself hang on a sick server: it gives up after this.
 WAITS_DEADLINE_S = 2.0
 REPORT_INTERVAL_S = 1.0
@@ -43,6 +45,7 @@ class CommitProbe:
         self._warn_s = warn_s
         self._read_cluster = read_cluster
         self.wake = asyncio.Event()
+        self._weak = False
 
     async def tick(self) -> dict[str, int]:
         return await self.run_once()
@@ -51,7 +54,20 @@ class CommitProbe:
         with self._watch.operation("commit_probe"):
             async with self._engine.connect() as conn:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
-                await database_commit_probe(conn)
+                try:
+                    await database_commit_probe(conn, weak=self._weak)
+                except DBAPIError as exc:
+                    if self._weak or getattr(exc.orig, "sqlstate", None) != _INSUFFICIENT_PRIVILEGE:
+                        raise
+                    self._weak = True
+                    log_event(
+                        logger,
+                        "commit_probe_weakened",
+                        logging.WARNING,
+                        detail="EXECUTE on pg_logical_emit_message is not granted to this role: the probe "
+                        "falls back to a commit that does not wait for a synchronous standby",
+                    )
+                    await database_commit_probe(conn, weak=True)
                 self._watch.committed()
                 if self._read_cluster:
                     self._watch.schedulers_live = await schedulers_live(conn)

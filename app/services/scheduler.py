@@ -158,7 +158,9 @@ class Scheduler:
                     self.shares.claim_shares(),
                 )
         claimed = batch.jobs
-        self._answered_db_now = batch.db_now
+        # The latest now() among the claim's transactions (a limited target's lease is a
+        # second one): every lease this replica saw ends by this plus the lease.
+        self._answered_db_now = max([batch.db_now, *(job.claimed_at for job in claimed)])
         for job in claimed:
             self.shares.take(job.tenant_id, _default_capped(job))
         if len(claimed) < requested:
@@ -259,7 +261,12 @@ class Scheduler:
         """A claim failed with the database gone (a failover, a restart) after its commit may
         have happened: the jobs it leased are this replica's, and nobody else's, until their
         lease ends (60 s by default). This replica never saw them and started no POST for them,
-        so they are handed back at once, before the next claim."""
+        so they are handed back at once, before the next claim. (Before any answered claim
+        there is no bound telling its jobs from an earlier life's under the same replica id,
+        whose POSTs may have been made: those stay with the reaper.)"""
+        if self._answered_db_now is None:
+            self._claim_unanswered = False
+            return
         async with self._engine.begin() as conn:
             released = await job_release_unanswered_claim(
                 conn, self.config.replica_id, self._answered_db_now, self.config.lease_s, list(self._tasks.values())

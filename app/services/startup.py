@@ -22,14 +22,29 @@ from app.store.rescues import replica_session_name
 class Services:
     """Background services running until `stop` is set."""
 
-    def __init__(self, tasks: list[asyncio.Task[None]], scheduler: Scheduler | None, grace_s: float) -> None:
+    def __init__(
+        self,
+        tasks: list[asyncio.Task[None]],
+        scheduler: Scheduler | None,
+        grace_s: float,
+        stop: asyncio.Event,
+        watchers: list[asyncio.Task[None]] | None = None,
+    ) -> None:
+        self._stop = stop
         self._tasks = tasks
         self._scheduler = scheduler
         self._grace_s = grace_s
+        # The commit probe and the stall reporter only observe: a probe waiting on a stalled
+        # commit must not hold a stop up, so they are cancelled rather than awaited.
+        self._watchers = watchers or []
 
     async def stopped(self) -> None:
         """Waits until every service has stopped (once `stop` is set); then the scheduler lets
         deliveries in flight finish (up to the HTTP deadline) and hands its partitions back."""
+        await self._stop.wait()
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         results = await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._scheduler is not None:
             await self._scheduler.close(grace_s=self._grace_s)
@@ -51,6 +66,7 @@ def start_services(
     """`role` names the process in logs and metrics; `read_cluster` (default: when this process
     runs no scheduler) makes readiness fail while no scheduler of the cluster is alive."""
     tasks: list[asyncio.Task[None]] = []
+    watchers: list[asyncio.Task[None]] = []
     # Every process follows its database: a commit probe for readiness, a stall reporter.
     DB_WATCH.reset(role or ("scheduler" if scheduler else "reaper" if reaper else "api"))
     warn_s = settings.db_stall_warn_s
@@ -58,8 +74,8 @@ def start_services(
     reporter = StallReporter(engine, DB_WATCH, warn_s, replica_session_name(settings.replica_id))
     health_logger = logging.getLogger("app.services.db_health")
     # The probe retries at least every half stall period: readiness follows the database back.
-    tasks.append(asyncio.create_task(run_forever(probe, stop, health_logger, max_error_backoff_s=warn_s / 2)))
-    tasks.append(asyncio.create_task(run_forever(reporter, stop, health_logger)))
+    watchers.append(asyncio.create_task(run_forever(probe, stop, health_logger, max_error_backoff_s=warn_s / 2)))
+    watchers.append(asyncio.create_task(run_forever(reporter, stop, health_logger)))
     running_scheduler = None
     if scheduler:
         running_scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
@@ -69,4 +85,4 @@ def start_services(
     if reaper:
         service = Reaper(engine, ReaperConfig.from_settings(settings))
         tasks.append(asyncio.create_task(run_forever(service, stop, logging.getLogger("app.services.reaper"))))
-    return Services(tasks, running_scheduler, grace_s=settings.max_target_timeout_s)
+    return Services(tasks, running_scheduler, grace_s=settings.max_target_timeout_s, stop=stop, watchers=watchers)

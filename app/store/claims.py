@@ -456,20 +456,22 @@ async def job_release_claim(conn: AsyncConnection, job: ClaimedJob) -> bool:
 async def job_release_unanswered_claim(
     conn: AsyncConnection,
     owner: str,
-    answered_db_now: dt.datetime | None,
+    answered_db_now: dt.datetime,
     lease_s: float,
     in_flight: list[uuid.UUID],
 ) -> int:
     """Hands back what a claim whose answer was lost leased to `owner` (the connection died
     around its commit). No POST was made for those jobs, so, as job_release_claim, the
     attempt is not counted. They are `owner`'s running jobs not in flight whose lease is
-    newer than its last answered claim's: that claim leased until `answered_db_now` +
-    `lease_s` (its now()), and nothing extends a lease. Without an answered claim, every
-    running job of `owner` not in flight is one (a replica id is unique to its process).
+    newer than any it saw (those end by `answered_db_now` + `lease_s`; nothing extends a
+    lease) and still unexpired (an expired one is the reaper's, which counts the attempt).
     Not a hot path: built per call."""
-    conditions = [jobs.c.state == JobState.RUNNING, jobs.c.lease_owner == owner]
-    if answered_db_now is not None:
-        conditions.append(jobs.c.lease_expires_at > answered_db_now + dt.timedelta(seconds=lease_s))
+    conditions = [
+        jobs.c.state == JobState.RUNNING,
+        jobs.c.lease_owner == owner,
+        jobs.c.lease_expires_at > answered_db_now + dt.timedelta(seconds=lease_s),
+        jobs.c.lease_expires_at > func.now(),
+    ]
     if in_flight:
         conditions.append(jobs.c.lease_token.not_in(in_flight))
     stmt = update(jobs).where(*conditions).values(**_unstarted_claim_handed_back()).returning(jobs.c.id)

@@ -17,6 +17,9 @@ from app.store.tables import replicas
 # synchronous standby. (A transaction that only takes an id writes its commit record
 # asynchronously and waits for nothing: it would pass through a stall.)
 _COMMIT_PROBE = text("SELECT pg_logical_emit_message(true, 'cronhook.probe', '')")
+# Where EXECUTE on that function is revoked: a commit that takes a transaction id, which sees
+# a server that stopped answering but not a commit waiting for a synchronous standby.
+_WEAK_COMMIT_PROBE = text("SELECT pg_current_xact_id()")
 _pg_stat_activity = table(
     "pg_stat_activity",
     column("pid"),
@@ -30,9 +33,9 @@ _pg_stat_activity = table(
 _RECENT = dt.timedelta(hours=1)
 
 
-async def database_commit_probe(conn: AsyncConnection) -> None:
-    """One committed transaction (`conn` in autocommit)."""
-    await conn.execute(_COMMIT_PROBE)
+async def database_commit_probe(conn: AsyncConnection, weak: bool = False) -> None:
+    """One committed transaction (`conn` in autocommit); `weak`: the fallback above."""
+    await conn.execute(_WEAK_COMMIT_PROBE if weak else _COMMIT_PROBE)
 
 
 async def session_waits(conn: AsyncConnection, application_name: str, limit: int = 5) -> list[dict[str, Any]]:

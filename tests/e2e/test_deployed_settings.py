@@ -42,6 +42,11 @@ def test_a_role_on_an_external_database_without_the_key_ring_refuses_to_start(db
         assert "cronhook secrets new-key" in lines[0]
     # Nothing was generated for it to lose later.
     assert not (tmp_path / "secret-keys").exists()
+    # The tools that never seal or open a target secret work without the ring (an operator
+    # revoking a key from an admin box during an incident).
+    listed = run(without_ring(CRONHOOK_DATABASE_URL=db_url, CRONHOOK_DATA_DIR=str(tmp_path)), "api-key", "list")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert not (tmp_path / "secret-keys").exists()
     # The recipe the refusal names works where the refusal happens.
     made = run(without_ring(CRONHOOK_DATABASE_URL=db_url, CRONHOOK_DATA_DIR=str(tmp_path)), "secrets", "new-key")
     assert made.returncode == 0, made.stderr
