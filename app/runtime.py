@@ -132,11 +132,11 @@ class DatabaseUnusable(Exception):
 def _server_message(exc: BaseException) -> str:
     """The server's (or driver's) own words for `exc`, first line only, without SQLAlchemy's
     wrapping: they never hold the password."""
-    cause: BaseException | None = getattr(exc, "orig", None) or exc
-    while cause is not None and cause.__cause__ is not None and str(cause).startswith("<class"):
-        cause = cause.__cause__
-    text = str(cause or exc).strip().splitlines()
-    sqlstate = getattr(getattr(cause, "__cause__", None), "sqlstate", None) or getattr(cause, "sqlstate", None)
+    driver = getattr(exc, "orig", None) or exc
+    # SQLAlchemy's asyncpg adapter raises its own error from asyncpg's, which has the words.
+    cause = driver.__cause__ or driver
+    text = str(cause).strip().splitlines()
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(driver, "sqlstate", None)
     first = text[0] if text else type(exc).__name__
     return f"{first} ({sqlstate})" if sqlstate else first
 

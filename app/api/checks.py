@@ -9,8 +9,8 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.errors import Problem
+from app.domain.payload import payload_json
 from app.settings import Settings
-from app.store.job_inserts import payload_json
 from app.store.jobs import job_get
 from app.store.targets import target_lock_live
 

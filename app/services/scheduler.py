@@ -22,11 +22,13 @@ from app import metrics
 from app.db.errors import is_transient_db_error
 from app.db.watch import DB_WATCH
 from app.domain.fair_share import SlotShares, tenant_share_of
-from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt
+from app.domain.job import ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
 from app.domain.states import JobState
 from app.logs import log_event
+from app.services.claim_answers import ClaimAnswers
+from app.services.delivery_logs import log_lease_fenced, log_outcome
 from app.services.dispatcher import Dispatcher, PostNotStarted
 from app.services.due_listener import DueListener
 from app.services.loop import (
@@ -40,11 +42,10 @@ from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
 from app.services.scheduler_config import SchedulerConfig
 from app.services.wake_plan import WakePlan
-from app.store.claims import (
-    job_claim_batch,
+from app.store.claims import job_claim_batch
+from app.store.lease_writes import (
     job_hand_off_occurrence,
     job_release_claim,
-    job_release_unanswered_claim,
     job_settle_due_plan,
 )
 from app.store.rescues import replica_session_name
@@ -72,10 +73,7 @@ class Scheduler:
         )
         # Deliveries in flight, with the lease token each holds.
         self._tasks: dict[asyncio.Task[None], uuid.UUID] = {}
-        # The last answered claim's database time, and whether a claim has failed since with
-        # its answer lost (it may have committed): see _release_unanswered_claim.
-        self._answered_db_now: dt.datetime | None = None
-        self._claim_unanswered = False
+        self.claim_answers = ClaimAnswers(engine, config.replica_id, config.lease_s)
         self.wake = asyncio.Event()
         self._started = False
         self._wake_plan = WakePlan(self.wake)
@@ -132,8 +130,8 @@ class Scheduler:
         self._wake_plan.forget_next_due()
         if not self.ownership.trusted():
             await self.ownership.run_once()
-        if self._claim_unanswered:
-            await self._release_unanswered_claim()
+        if self.claim_answers.lost:
+            await self.claim_answers.release_lost(self._tasks.values())
         capacity = self._capacity()
         if capacity < self._refill or capacity <= 0:
             # Nearly full: wait until a good share of the slots is free (`wake`), rather
@@ -143,24 +141,27 @@ class Scheduler:
         held = self.ownership.held()
         if not held:
             return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
-        with DB_WATCH.operation("claim"), _unanswered_on_outage(self):
-            async with self._engine.connect() as conn:
-                # One statement, atomic on its own: no BEGIN and COMMIT round trips (the claim
-                # opens a transaction where it needs one).
-                await conn.execution_options(isolation_level="AUTOCOMMIT")
-                batch = await job_claim_batch(
-                    conn,
-                    self.config.replica_id,
-                    requested,
-                    self.config.lease_s,
-                    held,
-                    self.config.priority_aging_s,
-                    self.shares.claim_shares(),
-                )
+        with DB_WATCH.operation("claim"):
+            try:
+                async with self._engine.connect() as conn:
+                    # One statement, atomic on its own: no BEGIN and COMMIT round trips (the claim
+                    # opens a transaction where it needs one).
+                    await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    batch = await job_claim_batch(
+                        conn,
+                        self.config.replica_id,
+                        requested,
+                        self.config.lease_s,
+                        held,
+                        self.config.priority_aging_s,
+                        self.shares.claim_shares(),
+                    )
+            except Exception as exc:
+                self.claim_answers.failed(exc)
+                raise
+
         claimed = batch.jobs
-        # The latest now() among the claim's transactions (a limited target's lease is a
-        # second one): every lease this replica saw ends by this plus the lease.
-        self._answered_db_now = max([batch.db_now, *(job.claimed_at for job in claimed)])
+        self.claim_answers.answered(batch)
         for job in claimed:
             self.shares.take(job.tenant_id, _default_capped(job))
         if len(claimed) < requested:
@@ -257,24 +258,6 @@ class Scheduler:
         if not task.cancelled() and task.exception() is not None:
             log_event(logger, "delivery_task_failed", logging.ERROR, error=repr(task.exception()))
 
-    async def _release_unanswered_claim(self) -> None:
-        """A claim failed with the database gone (a failover, a restart) after its commit may
-        have happened: the jobs it leased are this replica's, and nobody else's, until their
-        lease ends (60 s by default). This replica never saw them and started no POST for them,
-        so they are handed back at once, before the next claim. (Before any answered claim
-        there is no bound telling its jobs from an earlier life's under the same replica id,
-        whose POSTs may have been made: those stay with the reaper.)"""
-        if self._answered_db_now is None:
-            self._claim_unanswered = False
-            return
-        async with self._engine.begin() as conn:
-            released = await job_release_unanswered_claim(
-                conn, self.config.replica_id, self._answered_db_now, self.config.lease_s, list(self._tasks.values())
-            )
-        self._claim_unanswered = False
-        if released:
-            log_event(logger, "unanswered_claim_released", logging.WARNING, released=released)
-
     def _capacity(self) -> int:
         # A delivery holds its slot until its outcome is recorded: more POSTs in flight than
         # `concurrency` would only lengthen the group commit's queue, and the leases' clocks.
@@ -296,11 +279,11 @@ class Scheduler:
             job, result, retrying=step.state == JobState.RETRYING, dead_letter=step.dead_letter, fenced=not applied
         )
         if not applied:
-            _log_lease_fenced(job, result.outcome)
+            log_lease_fenced(job, result.outcome)
             return
         if step.schedule_ended:
             log_event(logger, "schedule_ended", job_id=str(job.id), state=step.state.value, reason=step.ended_reason)
-        _log_outcome(job, result, step.state.value, step.dead_letter)
+        log_outcome(job, result, step.state.value, step.dead_letter)
 
     async def _attempt(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> FinishedAttempt | None:
         """The POST (after the misfire and hand-off steps of a recurring job) and the step it
@@ -370,7 +353,7 @@ class Scheduler:
         async with self._engine.begin() as conn:
             child = await job_hand_off_occurrence(conn, job, next_at, ended)
         if child is None:
-            _log_lease_fenced(job, None)
+            log_lease_fenced(job, None)
         elif ended is not None:
             log_event(logger, "schedule_ended", job_id=str(job.id), state="succeeded", reason=ended)
         return child
@@ -407,47 +390,3 @@ def _default_capped(job: ClaimedJob) -> uuid.UUID | None:
 def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:
     """Now on the database's clock: its time at the claim plus local monotonic time since."""
     return job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
-
-
-def _log_lease_fenced(job: ClaimedJob, outcome: str | None) -> None:
-    """The lease was lost meanwhile (reaped, or the job cancelled): nothing was applied."""
-    log_event(logger, "lease_fenced", logging.WARNING, job_id=str(job.id), attempt=job.attempt, outcome=outcome)
-
-
-def _log_outcome(job: ClaimedJob, result: AttemptOutcome, new_state: str, dead_letter: bool) -> None:
-    if result.succeeded:
-        if not logger.isEnabledFor(logging.DEBUG):  # the common case costs no formatting
-            return
-        log_event(
-            logger,
-            "job_delivered",
-            logging.DEBUG,
-            job_id=str(job.id),
-            attempt=job.attempt,
-            status=result.status_code,
-        )
-        return
-    log_event(
-        logger,
-        "job_dead_lettered" if dead_letter else "job_attempt_failed",
-        logging.WARNING if dead_letter else logging.INFO,
-        job_id=str(job.id),
-        attempt=job.attempt,
-        outcome=result.outcome,
-        status=result.status_code,
-        state=new_state,
-    )
-
-
-class _unanswered_on_outage:
-    """Around a claim: an outage means its answer is lost, not that nothing was claimed."""
-
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._scheduler = scheduler
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
-        if error is not None and is_transient_db_error(error):
-            self._scheduler._claim_unanswered = True

@@ -15,7 +15,6 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,42 +29,32 @@ from sqlalchemy import (
     case,
     cast,
     func,
-    literal,
     literal_column,
     select,
     text,
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, UUID, insert
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import Grouping
 
 from app.db.driver import DriverStatement, driver_fetch_all, in_autocommit
 from app.db.engine import GENERIC_PLANS
 from app.domain.fair_share import ClaimShares
-from app.domain.fire_times import Skipped
-from app.domain.job import ClaimedJob, RunOutcome
-from app.domain.occurrences import EndReason
-from app.domain.partition import PARTITION_COUNT, partition_for
+from app.domain.job import ClaimedJob
+from app.domain.partition import PARTITION_COUNT
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
-from app.domain.schedule import OnceSchedule
 from app.domain.states import CLAIMABLE_STATES, JobState
 from app.logs import log_event
 from app.settings import default_of
 from app.store.claim_ranking import candidate_scans, fair_ranking, share_params
-from app.store.job_rows import CLAIMED_JOB_COLUMNS, NO_LEASE, claimed_from_row, schedule_columns
-from app.store.outcomes import MISSED_REASON, skipped_run_values
-from app.store.runs import run_insert_many
-from app.store.tables import int_constant, job_state, jobs, partition_leases, state_in, targets
+from app.store.job_rows import CLAIMED_JOB_COLUMNS, claimed_from_row
+from app.store.lease_writes import job_quarantine
+from app.store.tables import int_constant, jobs, partition_leases, state_in, targets
 from app.store.targets import target_saturated_ids, target_take_delivery_slots
 
 logger = logging.getLogger(__name__)
-
-
-def _leased(job_id: uuid.UUID, lease_token: uuid.UUID) -> list[ColumnElement[bool]]:
-    """The guard of every write on behalf of a claim: the job is still running under that lease."""
-    return [jobs.c.id == job_id, jobs.c.state == JobState.RUNNING, jobs.c.lease_token == lease_token]
 
 
 def _owned_partitions() -> Any:
@@ -297,7 +286,7 @@ async def job_claim_batch(
         try:
             claimed.append(claimed_from_row(row))
         except Exception as exc:  # one row that cannot be loaded must not stop every delivery
-            await _job_quarantine(conn, row["id"], row["lease_token"], f"{type(exc).__name__}: {exc}"[:300])
+            await job_quarantine(conn, row["id"], row["lease_token"], f"{type(exc).__name__}: {exc}"[:300])
     return ClaimBatch(claimed, db_now, next_due_at)
 
 
@@ -407,155 +396,3 @@ def _next_due_at(fenced: bool) -> Any:
         for level in range(MIN_PRIORITY, MAX_PRIORITY + 1)
     ]
     return func.least(*firsts)
-
-
-async def _job_quarantine(conn: AsyncConnection, job_id: uuid.UUID, lease_token: uuid.UUID, error: str) -> None:
-    """Pauses a claimed job whose row could not be turned into a delivery (data the code no
-    longer accepts), with the reason in last_error, so that a user can PATCH and resume it."""
-    reason = f"paused: cronhook could not load this job ({error}); fix it with PATCH, then resume"
-    await conn.execute(
-        update(jobs)
-        .where(*_leased(job_id, lease_token))
-        .values(
-            state=JobState.PAUSED,
-            attempt=jobs.c.attempt - 1,
-            run_at=None,
-            **NO_LEASE,
-            last_error=reason,
-            updated_at=func.now(),
-        )
-    )
-    log_event(logger, "job_quarantined", logging.ERROR, job_id=str(job_id), error=error.split(":")[0])
-
-
-def _unstarted_claim_handed_back() -> dict[str, Any]:
-    """A claim handed back before any POST: waiting again at once, the attempt not counted."""
-    return {
-        "state": case(
-            (jobs.c.attempt > 1, cast(literal(JobState.RETRYING.value), job_state)),
-            else_=cast(literal(JobState.SCHEDULED.value), job_state),
-        ),
-        "attempt": jobs.c.attempt - 1,
-        "run_at": func.now(),
-        **NO_LEASE,
-        "updated_at": func.now(),
-    }
-
-
-async def job_release_claim(conn: AsyncConnection, job: ClaimedJob) -> bool:
-    """Hands an unstarted claim back (no POST was made): the attempt is not counted."""
-    stmt = (
-        update(jobs)
-        .where(*_leased(job.id, job.lease_token))
-        .values(**_unstarted_claim_handed_back())
-        .returning(jobs.c.id)
-    )
-    return (await conn.execute(stmt)).first() is not None
-
-
-async def job_release_unanswered_claim(
-    conn: AsyncConnection,
-    owner: str,
-    answered_db_now: dt.datetime,
-    lease_s: float,
-    in_flight: list[uuid.UUID],
-) -> int:
-    """Hands back what a claim whose answer was lost leased to `owner` (the connection died
-    around its commit). No POST was made for those jobs, so, as job_release_claim, the
-    attempt is not counted. They are `owner`'s running jobs not in flight whose lease is
-    newer than any it saw (those end by `answered_db_now` + `lease_s`; nothing extends a
-    lease) and still unexpired (an expired one is the reaper's, which counts the attempt).
-    Not a hot path: built per call."""
-    conditions = [
-        jobs.c.state == JobState.RUNNING,
-        jobs.c.lease_owner == owner,
-        jobs.c.lease_expires_at > answered_db_now + dt.timedelta(seconds=lease_s),
-        jobs.c.lease_expires_at > func.now(),
-    ]
-    if in_flight:
-        conditions.append(jobs.c.lease_token.not_in(in_flight))
-    stmt = update(jobs).where(*conditions).values(**_unstarted_claim_handed_back()).returning(jobs.c.id)
-    return len((await conn.execute(stmt)).all())
-
-
-async def job_hand_off_occurrence(
-    conn: AsyncConnection, job: ClaimedJob, next_at: dt.datetime | None, ended: EndReason | None
-) -> ClaimedJob | None:
-    """Moves a claimed recurring job's occurrence to a one-off child job, so the next
-    occurrence can start while this one is in flight (overlap_policy allow).
-
-    The child takes over the claim as it is (running, the same lease token, expiry, attempt
-    and webhook-id), so the delivery, its retries and its dead letter are the child's, and a
-    target's in-flight count does not change. The parent counts the occurrence as run and
-    waits for `next_at`, or ends (succeeded, `ended`) when there is none. Guarded by the
-    parent's lease token: returns the child to deliver, or None when the lease was lost.
-    """
-    child_id = uuid.uuid4()
-    guard = _leased(job.id, job.lease_token)
-    copied = ["tenant_id", "target_id", "name", "payload", "priority", "state", "occurrence_id", "attempt"]
-    copied += ["occurrence_claimed_at", "max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor"]
-    copied += ["lease_owner", "lease_token", "lease_expires_at"]
-    fixed: dict[str, Any] = {
-        "id": child_id,
-        "partition": partition_for(child_id),
-        **schedule_columns(OnceSchedule(job.scheduled_for)),
-        "schedule_anchor_at": job.scheduled_for,
-        "scheduled_for": job.scheduled_for,
-        "parent_job_id": job.id,
-    }
-    columns = [*copied, *fixed]
-    source = select(
-        *(jobs.c[name] for name in copied), *(literal(value, jobs.c[name].type) for name, value in fixed.items())
-    )
-    inserted = await conn.execute(insert(jobs).from_select(columns, source.where(*guard)).returning(jobs.c.id))
-    if inserted.first() is None:
-        return None
-    parent = {**_next_occurrence_values(next_at, ended), "occurrence_claimed_at": None}
-    parent["occurrences_run"] = jobs.c.occurrences_run + 1
-    await conn.execute(update(jobs).where(*guard).values(**parent, updated_at=func.now()))
-    return dataclasses.replace(
-        job,
-        id=child_id,
-        partition=fixed["partition"],
-        schedule=OnceSchedule(job.scheduled_for),
-        schedule_anchor_at=job.scheduled_for,
-        recurrence=None,
-        occurrences_run=0,
-    )
-
-
-async def job_settle_due_plan(
-    conn: AsyncConnection,
-    job: ClaimedJob,
-    missed: Skipped,
-    deliver_at: dt.datetime | None,
-    next_at: dt.datetime | None,
-    ended: EndReason | None,
-) -> bool:
-    """Applies a misfire decision to a claimed recurring job, guarded by its lease token.
-
-    With `deliver_at`, the claimed occurrence becomes the one due then (the delivery follows).
-    Without, nothing is delivered: the job waits for `next_at`, or ends (succeeded, with
-    `ended`) when there is none. Missed fire times are recorded as `missed` runs.
-    Returns False when the lease was lost meanwhile (nothing is written).
-    """
-    guard = _leased(job.id, job.lease_token)
-    values = {"scheduled_for": deliver_at} if deliver_at is not None else _next_occurrence_values(next_at, ended)
-    stmt = update(jobs).where(*guard).values(**values, updated_at=func.now()).returning(jobs.c.id)
-    if (await conn.execute(stmt)).first() is None:
-        return False
-    rows = skipped_run_values(job, missed, RunOutcome.MISSED, MISSED_REASON)
-    if rows:
-        await run_insert_many(conn, rows)
-    return True
-
-
-def _next_occurrence_values(next_at: dt.datetime | None, ended: EndReason | None) -> dict[str, Any]:
-    """A recurring job released from its claim: waiting for `next_at` as a new occurrence, or
-    ended (succeeded, `ended`) when there is none."""
-    if next_at is not None:
-        waiting = {"state": JobState.SCHEDULED, "run_at": next_at, "scheduled_for": next_at}
-        values: dict[str, Any] = {**waiting, "occurrence_id": uuid.uuid4()}
-    else:
-        values = {"state": JobState.SUCCEEDED, "ended_reason": ended or "schedule", "finished_at": func.now()}
-    return {**values, "attempt": 0, **NO_LEASE}

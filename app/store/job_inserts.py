@@ -13,21 +13,14 @@ create's audit row in the same statement (a data-modifying CTE).
 
 from __future__ import annotations
 
-import json
-import operator
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    Double,
-    Integer,
     Select,
-    SmallInteger,
     Text,
     any_,
     bindparam,
@@ -42,91 +35,33 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID, insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.type_api import TypeEngine
 
 from app.db.driver import DriverStatement, driver_fetch_one
 from app.domain.job import NewJob
-from app.domain.occurrences import Recurrence
-from app.domain.partition import partition_for
-from app.domain.retry import RetryPolicy
-from app.domain.schedule import EARLIEST_RUN_AT, OnceSchedule, Schedule
 from app.domain.states import TERMINAL_STATES, JobState
-from app.ids import new_id, new_ids
-from app.store.job_rows import policy_columns, recurrence_columns, schedule_columns
+from app.ids import new_id
+from app.store.job_layout import ALWAYS_ARRAYS, COLUMN_NAMES, NEW_JOB_COLUMNS, PreparedJob, job_arrays, job_values
 from app.store.tables import DEDUP_KEY_LIVE, api_keys, audit_log, job_state, jobs, targets
 
 _UUID = UUID(as_uuid=True)
-_TS = jobs.c.scheduled_for.type
-
-# The columns a new job sets, each sent as one typed array (the payload as JSON text, cast
-# in SQL: serialised once, and asyncpg encodes a text[] without a per-element codec).
-_ARRAYS: tuple[tuple[str, TypeEngine[Any]], ...] = (
-    ("id", _UUID),
-    ("partition", SmallInteger()),
-    ("target_id", _UUID),
-    ("name", Text()),
-    ("payload", Text()),
-    ("priority", SmallInteger()),
-    ("schedule_kind", Text()),
-    ("cron", Text()),
-    ("timezone", Text()),
-    ("every_s", Integer()),
-    ("schedule_anchor_at", _TS),
-    ("scheduled_for", _TS),
-    ("occurrence_id", _UUID),
-    ("max_attempts", Integer()),
-    ("backoff_base_s", Double()),
-    ("backoff_max_s", Double()),
-    ("backoff_factor", Double()),
-    ("dedup_key", Text()),
-    ("parent_job_id", _UUID),
-    ("interval_mode", Text()),
-    ("misfire_policy", Text()),
-    ("misfire_grace_s", Double()),
-    ("catch_up_limit", Integer()),
-    ("overlap_policy", Text()),
-    ("start_at", _TS),
-    ("end_at", _TS),
-    ("max_runs", Integer()),
-)
-
-# A one-off job's recurrence columns: the policies' defaults (the columns are NOT NULL).
-_ONE_OFF_RECURRENCE: dict[str, Any] = {
-    "interval_mode": Recurrence.interval_mode.value,
-    "misfire_policy": Recurrence.misfire_policy.value,
-    "misfire_grace_s": Recurrence.misfire_grace_s,
-    "catch_up_limit": Recurrence.catch_up_limit,
-    "overlap_policy": Recurrence.overlap_policy.value,
-    "start_at": None,
-    "end_at": None,
-    "max_runs": None,
-}
 
 
 def _rows() -> Any:
-    arrays = [bindparam(name, type_=ARRAY(type_)) for name, type_ in _ARRAYS]
-    names = [column(name, type_) for name, type_ in _ARRAYS]
+    arrays = [bindparam(name, type_=ARRAY(type_)) for name, type_ in NEW_JOB_COLUMNS]
+    names = [column(name, type_) for name, type_ in NEW_JOB_COLUMNS]
     return func.unnest(*arrays).table_valued(*names).render_derived(name="new")
-
-
-# Columns every row sets apart (new ids, and the hash of the id): always sent as arrays. Any
-# other column whose value is the same in every row (a batch's one target, schedule kind,
-# retry policy, the NULLs of a one-off's recurrence...) is sent once, as `<name>_fill`, with an
-# empty array, which unnest() pads with NULLs: about half the arrays of a typical batch, and
-# so half the driver's encoding and the server's decoding, go.
-_ALWAYS_ARRAYS = frozenset({"id", "partition", "occurrence_id"})
 
 
 def _value(new: Any, name: str) -> ColumnElement[Any]:
     """A new row's value of the column: its array's element, or the column's one value."""
-    if name in _ALWAYS_ARRAYS:
+    if name in ALWAYS_ARRAYS:
         return new.c[name]  # type: ignore[no-any-return]
     type_ = new.c[name].type
     return func.coalesce(new.c[name], bindparam(f"{name}_fill", type_=type_), type_=type_)
 
 
 def _insert_select(new: Any, tenant_id: ColumnElement[Any]) -> Select[Any]:
-    values: dict[str, ColumnElement[Any]] = {name: _value(new, name) for name, _ in _ARRAYS}
+    values: dict[str, ColumnElement[Any]] = {name: _value(new, name) for name, _ in NEW_JOB_COLUMNS}
     payload = cast(values["payload"], JSONB)
     state = cast(literal(JobState.SCHEDULED.value), job_state)
     values.update(tenant_id=tenant_id, payload=payload, state=state, run_at=values["scheduled_for"])
@@ -184,7 +119,7 @@ def _build_create_one(key_checked: bool = False) -> Any:
             )
         )
     live = select(targets.c.id).where(*conditions).with_for_update(read=True).cte("live_target")
-    values: dict[str, ColumnElement[Any]] = {name: bindparam(name, type_=type_) for name, type_ in _ARRAYS}
+    values: dict[str, ColumnElement[Any]] = {name: bindparam(name, type_=type_) for name, type_ in NEW_JOB_COLUMNS}
     values.update(
         tenant_id=tenant_id,
         payload=cast(values["payload"], JSONB),
@@ -238,119 +173,6 @@ _DEDUP_HOLDERS = select(jobs.c.dedup_key, jobs.c.id).where(
 )
 
 
-# One encoder: json.dumps with `separators` builds a new one per call (~20 µs).
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
-
-
-def _not_json(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-# And its C core built once too: JSONEncoder.encode builds it on every call, which was most of
-# the cost of a small payload (1.7 µs of 2.4; a batch encodes one per job). No circular check
-# (markers None): a payload is parsed JSON, and check_json_payload bounds its depth.
-_ENCODE_COMPACT = (
-    None
-    if c_make_encoder is None
-    else c_make_encoder(None, _not_json, encode_basestring_ascii, None, ":", ",", False, False, True)
-)
-
-
-def payload_json(payload: Any) -> str:
-    """The payload as sent to the database: compact JSON (its size is what
-    CRONHOOK_MAX_PAYLOAD_BYTES limits), as _COMPACT_JSON.encode writes it."""
-    if _ENCODE_COMPACT is None or isinstance(payload, str):
-        return _COMPACT_JSON.encode(payload)
-    return "".join(_ENCODE_COMPACT(payload, 0))
-
-
-@dataclass(frozen=True)
-class PreparedJob:
-    """A job about to be inserted: its new id and its payload already serialised."""
-
-    id: uuid.UUID
-    new: NewJob
-    payload: str
-
-    @classmethod
-    def of(cls, new: NewJob, payload: str | None = None, job_id: uuid.UUID | None = None) -> PreparedJob:
-        return cls(job_id or new_id(), new, payload_json(new.payload) if payload is None else payload)
-
-
-_COLUMN_NAMES = tuple(name for name, _ in _ARRAYS)
-_SCHEDULE_COLUMNS = ("schedule_kind", "cron", "timezone", "every_s")
-_POLICY_COLUMNS = ("max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor")
-_RECURRENCE_COLUMNS = tuple(_ONE_OFF_RECURRENCE)
-# _values' order, checked against the arrays' once.
-assert _COLUMN_NAMES == (
-    *("id", "partition", "target_id", "name", "payload", "priority"),
-    *_SCHEDULE_COLUMNS,
-    *("schedule_anchor_at", "scheduled_for", "occurrence_id"),
-    *_POLICY_COLUMNS,
-    *("dedup_key", "parent_job_id"),
-    *_RECURRENCE_COLUMNS,
-)
-_schedule_in_order = operator.itemgetter(*_SCHEDULE_COLUMNS)
-_policy_in_order = operator.itemgetter(*_POLICY_COLUMNS)
-_recurrence_in_order = operator.itemgetter(*_RECURRENCE_COLUMNS)
-_ONCE = _schedule_in_order(schedule_columns(OnceSchedule(EARLIEST_RUN_AT)))
-_ONE_OFF = _recurrence_in_order(_ONE_OFF_RECURRENCE)
-
-
-@lru_cache(maxsize=1024)
-def _schedule_values(schedule: Schedule) -> tuple[Any, ...]:
-    return _schedule_in_order(schedule_columns(schedule))  # type: ignore[no-any-return]
-
-
-@lru_cache(maxsize=1024)
-def _policy_values(policy: RetryPolicy) -> tuple[Any, ...]:
-    return _policy_in_order(policy_columns(policy))  # type: ignore[no-any-return]
-
-
-def _values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ...]:
-    """The job's columns, in _ARRAYS' order: a tuple, and the parts that jobs share (a one-off's
-    schedule columns, a retry policy) built once, since a batch makes one per job."""
-    new = prepared.new
-    schedule = new.schedule
-    recurrence = new.recurrence
-    return (
-        prepared.id,
-        partition_for(prepared.id),
-        new.target_id,
-        new.name,
-        prepared.payload,
-        new.priority,
-        *(_ONCE if isinstance(schedule, OnceSchedule) else _schedule_values(schedule)),
-        new.anchor_at or new.first_fire_at,
-        new.first_fire_at,
-        occurrence_id,
-        *_policy_values(new.policy),
-        new.dedup_key,
-        new.parent_job_id,
-        *(_ONE_OFF if recurrence is None else _recurrence_in_order(recurrence_columns(recurrence))),
-    )
-
-
-def _parameters(tenant_id: uuid.UUID, jobs_: Sequence[PreparedJob]) -> dict[str, Any]:
-    """One array per column, in the order of `jobs_` (rows transposed by zip, in C: a batch
-    of 1,000 jobs is 27 arrays, not 27,000 appends); a column with one value in every row is
-    that value (`<name>_fill`) and an empty array."""
-    rows = [_values(job, occurrence) for job, occurrence in zip(jobs_, new_ids(len(jobs_)), strict=True)]
-    columns = zip(*rows, strict=True) if rows else (() for _ in _COLUMN_NAMES)
-    parameters: dict[str, Any] = {"tenant_id": tenant_id}
-    for name, values in zip(_COLUMN_NAMES, columns, strict=True):
-        if name not in _ALWAYS_ARRAYS:
-            # tuple.count compares in C. Equal across types (1 == 1.0) cannot happen within a
-            # column: each is built from one type.
-            uniform = bool(values) and values.count(values[0]) == len(values)
-            parameters[f"{name}_fill"] = values[0] if uniform else None
-            if uniform:
-                parameters[name] = []
-                continue
-        parameters[name] = list(values)
-    return parameters
-
-
 async def job_insert_many(conn: AsyncConnection, news: Sequence[NewJob]) -> list[RowMapping]:
     """Inserts the jobs (all of one tenant); rows come back in the order of `news`."""
     if not news:
@@ -359,7 +181,7 @@ async def job_insert_many(conn: AsyncConnection, news: Sequence[NewJob]) -> list
     if len(tenants) != 1:
         raise ValueError("job_insert_many takes the jobs of one tenant")
     prepared = [PreparedJob.of(new) for new in news]
-    rows = (await conn.execute(_INSERT_MANY, _parameters(tenants.pop(), prepared))).mappings().all()
+    rows = (await conn.execute(_INSERT_MANY, job_arrays(tenants.pop(), prepared))).mappings().all()
     by_id = {row["id"]: row for row in rows}
     return [by_id[job.id] for job in prepared]
 
@@ -420,7 +242,7 @@ def _create_one_parameters(tenant_id: uuid.UUID, job: PreparedJob, audit: JobAud
     audit row's."""
     return {
         "tenant_id": tenant_id,
-        **dict(zip(_COLUMN_NAMES, _values(job, new_id()), strict=True)),
+        **dict(zip(COLUMN_NAMES, job_values(job, new_id()), strict=True)),
         "audit_api_key_id": audit.api_key_id,
         "audit_action": audit.action,
         "audit_request_id": audit.request_id,
@@ -437,7 +259,7 @@ async def job_create_many_checked(
     pending = list(batch)
     for _ in range(_CREATE_TRIES):
         target_ids = list({job.new.target_id for job in pending})
-        parameters = {**_parameters(tenant_id, pending), "live_target_ids": target_ids}
+        parameters = {**job_arrays(tenant_id, pending), "live_target_ids": target_ids}
         created = set((await conn.execute(_CREATE_MANY, parameters)).scalars().all())
         missed = [job for job in pending if job.id not in created]
         if not missed:

@@ -41,7 +41,7 @@ async def test_what_an_unanswered_claim_leased_is_handed_back_and_delivered_once
         await conn.execution_options(isolation_level="AUTOCOMMIT")
         answered = await job_claim_batch(conn, owner, 10, scheduler.config.lease_s)
     assert [job.id for job in answered.jobs] == [seen]
-    scheduler._answered_db_now = answered.db_now
+    scheduler.claim_answers.answered(answered)
 
     # The lost answer: the claim commits, then its connection dies before the rows arrive.
     lost = await make_jobs(engine, tenant, target, 5)

@@ -12,7 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.job import AttemptOutcome, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.services.reaper import Reaper, ReaperConfig
-from app.store.claims import job_claim_due, job_release_claim
+from app.store.claims import job_claim_due
+from app.store.lease_writes import job_release_claim
 from app.store.outcomes import job_finish_attempts
 from app.store.tables import dead_letters, jobs, runs
 from app.store.targets import target_get_signing_secret, target_rotate_secret, target_update

@@ -38,13 +38,13 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     ("claims", "job_claim_batch"): (CLAIMABLE_STATES, (S.RUNNING,)),
     # Leases a limited target's candidates once it has their delivery slots.
     ("claims", "_lease_limited"): (CLAIMABLE_STATES, (S.RUNNING,)),
-    ("claims", "_job_quarantine"): (RUNNING, (S.PAUSED,)),
-    ("claims", "job_release_claim"): (RUNNING, (S.SCHEDULED, S.RETRYING)),
+    ("lease_writes", "job_quarantine"): (RUNNING, (S.PAUSED,)),
+    ("lease_writes", "job_release_claim"): (RUNNING, (S.SCHEDULED, S.RETRYING)),
     # What a claim whose answer was lost leased (no POST was made): handed back the same way.
-    ("claims", "job_release_unanswered_claim"): (RUNNING, (S.SCHEDULED, S.RETRYING)),
+    ("lease_writes", "job_release_unanswered_claim"): (RUNNING, (S.SCHEDULED, S.RETRYING)),
     # The parent moves on; its child is inserted running (it carries the claim on).
-    ("claims", "job_hand_off_occurrence"): (RUNNING, (S.SCHEDULED, S.SUCCEEDED)),
-    ("claims", "job_settle_due_plan"): (RUNNING, (S.RUNNING, S.SCHEDULED, S.SUCCEEDED)),
+    ("lease_writes", "job_hand_off_occurrence"): (RUNNING, (S.SCHEDULED, S.SUCCEEDED)),
+    ("lease_writes", "job_settle_due_plan"): (RUNNING, (S.RUNNING, S.SCHEDULED, S.SUCCEEDED)),
     # Every state app/domain/lifecycle.py's after_attempt can choose.
     ("outcomes", "job_finish_attempts"): (RUNNING, (S.SUCCEEDED, S.SCHEDULED, S.RETRYING, S.DEAD)),
 }

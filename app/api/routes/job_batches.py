@@ -25,7 +25,8 @@ from app.api.schemas.job_batches import JobBatchCreate, JobBatchResult
 from app.domain.job_plan import PlanError, plan_create
 from app.domain.schedule import ScheduleError
 from app.ids import new_ids
-from app.store.job_inserts import PreparedJob, job_create_many_checked
+from app.store.job_inserts import job_create_many_checked
+from app.store.job_layout import PreparedJob
 from app.store.targets import target_lock_live_many
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -26,7 +26,8 @@ from app.domain.states import JobState
 from app.settings import Settings
 from app.store import jobs as store
 from app.store.audit import audit_append
-from app.store.job_inserts import JobAudit, NotCreated, PreparedJob, job_create_checked, job_create_for_key
+from app.store.job_inserts import JobAudit, NotCreated, job_create_checked, job_create_for_key
+from app.store.job_layout import PreparedJob
 from app.store.pagination import decode_int_cursor, decode_time_id_cursor, encode_cursor
 from app.store.runs import run_list_for_job
 from app.store.tenants import Caller as KeyMatch
