@@ -8,7 +8,7 @@ INPUTS_SUM := $(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -
 RUN_STAMP := $(VENV)/.installed-run-$(INPUTS_SUM)
 STAMP := $(VENV)/.installed-dev-$(INPUTS_SUM)
 
-.PHONY: run test lint typecheck pytest pytest-dates openapi bench lock clean
+.PHONY: run test check lint typecheck pytest pytest-dates openapi sql bench bench-smoke lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,15 @@ pytest-dates: $(STAMP)
 openapi: $(STAMP)
 	$(BIN)/cronhook openapi > openapi/openapi.json
 
+# The hot statements, built once at import, rendered as text a reviewer can read
+# (app/store/sql/*.sql); tests/unit/test_sql_files.py fails when they drift.
+sql: $(STAMP)
+	$(BIN)/python -m app.store.statement_files
+
+# The contributor's inner loop: lint, types and the unit tests (no database), in under a minute.
+check: $(STAMP) lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
 # The runtime set, resolved afresh in a clean virtualenv (without the embedded PostgreSQL).
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
@@ -66,6 +75,10 @@ lock:
 
 bench: $(STAMP)
 	$(BIN)/python bench/dispatch.py
+
+# Every bench once with a tiny N, so a rename that breaks one fails CI (bench/smoke.py).
+bench-smoke: $(STAMP)
+	$(BIN)/python bench/smoke.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -9,7 +9,7 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.errors import Problem
-from app.domain.payload import payload_json
+from app.domain.payload import PayloadTooLarge, encode_within
 from app.settings import Settings
 from app.store.jobs import job_get
 from app.store.targets import target_lock_live
@@ -18,17 +18,11 @@ JOB_NOT_FOUND = "job not found"
 
 
 def ensure_payload_fits(payload: object, settings: Settings, field: str = "payload") -> str:
-    """The payload as JSON (what is stored), if it is within the limit."""
-    encoded = payload_json(payload)
-    payload_size = len(encoded) if encoded.isascii() else len(encoded.encode())
-    if payload_size > settings.max_payload_bytes:
-        raise Problem(
-            413,
-            f"payload is {payload_size} bytes; the limit is {settings.max_payload_bytes} (CRONHOOK_MAX_PAYLOAD_BYTES)",
-            slug="payload-too-large",
-            field=field,
-        )
-    return encoded
+    """The payload's stored text (app/domain/payload.py), if it is within the limit."""
+    try:
+        return encode_within(payload, settings.max_payload_bytes)
+    except PayloadTooLarge as refused:
+        raise Problem(413, str(refused), slug="payload-too-large", field=field) from None
 
 
 async def require_live_target(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> None:

@@ -4,11 +4,14 @@ JSON that PostgreSQL can store."""
 from __future__ import annotations
 
 import datetime as dt
-import math
 import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict
+
+from app.domain.payload import check_json_payload, is_storable_text
+
+__all__ = ["PlainText", "RequestModel", "Timestamp", "check_json_payload"]
 
 
 class RequestModel(BaseModel):
@@ -34,47 +37,10 @@ def _date_time_text(value: Any) -> Any:
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_date_time_text)]
 
 
-def _is_storable_text(value: str) -> bool:
-    """PostgreSQL text cannot hold NUL, and lone surrogates are not UTF-8."""
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _plain_text(value: str) -> str:
-    if not _is_storable_text(value) or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    if not is_storable_text(value) or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise ValueError("must not contain control characters")
     return value
 
 
 PlainText = Annotated[str, AfterValidator(_plain_text)]
-
-
-def check_json_payload(value: Any, depth: int = 0) -> Any:
-    """A JSON value that JSONB can store: JSON's types only (pydantic's JsonValue checked that
-    too, at 3x the cost on a batch: bench/README.md), and not what JSON parsers accept but
-    JSONB refuses: NaN/Infinity, NUL, unpaired surrogates."""
-    if depth > 64:
-        raise ValueError("is nested more than 64 levels deep")
-    if isinstance(value, str):
-        if not _is_storable_text(value):
-            raise ValueError("strings must not contain NUL characters or unpaired surrogates")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError("object keys must be strings")
-            check_json_payload(key, depth + 1)
-            check_json_payload(item, depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            check_json_payload(item, depth + 1)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("must not contain NaN or Infinity")
-    elif value is not None and not isinstance(value, int):  # bool is an int
-        raise ValueError("must hold only JSON values")
-    return value
