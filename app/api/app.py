@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import __version__
 from app.api.contract import contract
 from app.api.errors import CatchAll, install_error_handlers, problem_response
-from app.api.lean_create import BODY_KEY, LeanCreate
+from app.api.job_creates import QuickCreate
 from app.api.observability import RequestObservability
 from app.api.quotas import Quotas
 from app.api.routes import (
@@ -113,29 +113,31 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
+    # POST /v1/jobs's quick branch (app/api/job_creates.py), with the keys this app has seen.
+    app.state.quick_create = QuickCreate()
     if engine is not None:
         # The caller owns the database (tests): the process's key ring comes from settings here.
         app.state.engine = engine
         app.state.quotas = Quotas(engine, settings)
         install_key_ring(settings.load_key_ring())
     install_error_handlers(app)
-    for module in (
-        targets,
-        jobs,
-        job_batches,
-        job_control,
-        dead_letters,
-        schedules,
-        audit,
-        admin,
-        cluster,
-        health,
-        metrics,
+    for router in (
+        targets.router,
+        # POST /v1/jobs, with its own route class (JobCreateRoute), then the other job routes.
+        jobs.create_router,
+        jobs.router,
+        job_batches.router,
+        job_control.router,
+        dead_letters.router,
+        schedules.router,
+        audit.router,
+        admin.router,
+        cluster.router,
+        health.router,
+        metrics.router,
     ):
-        app.include_router(module.router)
+        app.include_router(router)
     mount_console(app)
-    # Innermost: it sees the body once BodySizeLimit has bounded it.
-    app.add_middleware(LeanCreate)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES,
@@ -165,8 +167,7 @@ class BodySizeLimit:
     """Rejects request bodies over `max_bytes` with 413, whether or not Content-Length is sent.
 
     The body is buffered (it is small by construction) and replayed to the app, so nothing
-    downstream ever sees a truncated request; it is also left in the scope (BODY_KEY) for the
-    lean create, which then need not read it again.
+    downstream ever sees a truncated request.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, by_path: dict[str, int] | None = None) -> None:
@@ -198,7 +199,6 @@ class BodySizeLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        scope[BODY_KEY] = body
         replayed = False
 
         async def replay() -> Message:

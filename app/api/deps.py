@@ -27,8 +27,7 @@ from app.api.quotas import Quotas
 from app.db.errors import once_more_if_dead
 from app.db.watch import DB_WATCH
 from app.settings import Settings
-from app.store.tenants import Caller as KeyMatch
-from app.store.tenants import api_key_caller, plausible_api_key
+from app.store.tenants import Caller, api_key_caller, plausible_api_key
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer chk_...`")
 
@@ -126,7 +125,7 @@ async def admit_key(quotas: Quotas, key: str) -> None:
 AdmittedKey = Annotated[str, Depends(admit_request)]
 
 
-async def _lookup(conn: AsyncConnection, key: str) -> KeyMatch | None:
+async def _lookup(conn: AsyncConnection, key: str) -> Caller | None:
     # One indexed lookup by hash on every request, no cache: a revoked key fails at once.
     if not plausible_api_key(key):
         return None
@@ -144,7 +143,7 @@ async def fresh_connection(conn: AsyncConnection) -> None:
         await conn.execution_options(isolation_level=level)
 
 
-async def authenticate(address: str, conn: AsyncConnection, key: str, quotas: Quotas) -> KeyMatch:
+async def authenticate(address: str, conn: AsyncConnection, key: str, quotas: Quotas) -> Caller:
     """The caller of this key (401 for an unknown or revoked one, counted against `address`)."""
     caller = await _lookup(conn, key)
     if caller is None:
@@ -153,29 +152,29 @@ async def authenticate(address: str, conn: AsyncConnection, key: str, quotas: Qu
     return caller
 
 
-async def _authenticate(request: Request, conn: AsyncConnection, key: str, quotas: Quotas) -> KeyMatch:
+async def _authenticate(request: Request, conn: AsyncConnection, key: str, quotas: Quotas) -> Caller:
     caller = await authenticate(client_address(request.scope), conn, key, quotas)
     request.state.caller = caller
     return caller
 
 
-async def require_caller(request: Request, key: AdmittedKey, conn: Conn, quotas: QuotasDep) -> KeyMatch:
+async def require_caller(request: Request, key: AdmittedKey, conn: Conn, quotas: QuotasDep) -> Caller:
     """The tenant and key, with the database's now() (the transaction's) to plan jobs against."""
     return await _authenticate(request, conn, key, quotas)
 
 
-async def require_creator(request: Request, key: AdmittedKey, conn: CreateConn, quotas: QuotasDep) -> KeyMatch:
+async def require_creator(request: Request, key: AdmittedKey, conn: CreateConn, quotas: QuotasDep) -> Caller:
     """The caller of a create request, with the database's now() to plan the job against."""
     return await _authenticate(request, conn, key, quotas)
 
 
-async def require_tenant(caller: Annotated[KeyMatch, Depends(require_caller)]) -> uuid.UUID:
+async def require_tenant(caller: Annotated[Caller, Depends(require_caller)]) -> uuid.UUID:
     return caller.tenant_id
 
 
 TenantId = Annotated[uuid.UUID, Depends(require_tenant)]
-Caller = Annotated[KeyMatch, Depends(require_caller)]
-Creator = Annotated[KeyMatch, Depends(require_creator)]
+CallerDep = Annotated[Caller, Depends(require_caller)]
+CreatorDep = Annotated[Caller, Depends(require_creator)]
 
 
 async def require_admin(settings: SettingsDep, credentials: Credentials) -> None:

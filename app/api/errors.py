@@ -57,6 +57,21 @@ class Problem(Exception):
         self.extra = extra or {}
 
 
+def problem_item(problem: Problem) -> dict[str, Any]:
+    """A problem inside a 207 answer's item (a batch's conflict): the document's members, with
+    the field named at the top level."""
+    body: dict[str, Any] = {
+        "type": f"urn:cronhook:problem:{problem.slug}" if problem.slug else "about:blank",
+        "title": _TITLES.get(problem.status, "Error"),
+        "status": problem.status,
+        "detail": problem.detail,
+    }
+    if problem.field is not None:
+        body["field"] = problem.field
+    body.update(problem.extra)
+    return body
+
+
 def problem_response(
     request: Request,
     status: int,

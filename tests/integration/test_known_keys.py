@@ -1,6 +1,6 @@
 """A create for a key this process has authenticated before goes in one statement that checks
-the key itself (app/api/lean_create.py, KnownKeys; app/api/routes/jobs.py,
-create_for_known_key). These tests first make the key known, then check that the one-statement
+the key itself (app/api/job_creates.py:
+KnownKeys, create_for_known_key). These tests first make the key known, then check that the one-statement
 path ran and that it answers as the full path would: a key revoked meanwhile is a 401 with
 nothing written, refusals name their field, a dead pooled connection fails no request, and a
 create whose answer was lost with its connection is answered once, not written twice."""
@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-import app.api.routes.jobs as job_routes
+import app.api.job_creates as job_creates
 from app.api.app import create_app
 from app.settings import Settings
 from app.store.tables import api_keys, audit_log, jobs
@@ -33,15 +33,14 @@ Outcomes = list[str]
 @pytest.fixture
 async def outcomes(monkeypatch: pytest.MonkeyPatch) -> Outcomes:
     seen: Outcomes = []
-    original = job_routes.create_for_known_key
+    original = job_creates.create_for_known_key
 
     async def spy(*args: Any, **kwargs: Any) -> Any:
         result = await original(*args, **kwargs)
         seen.append("full path" if result is None else "created")
         return result
 
-    # lean_create imported the name: patch it where it is called.
-    monkeypatch.setattr("app.api.lean_create.create_for_known_key", spy)
+    monkeypatch.setattr(job_creates, "create_for_known_key", spy)
     return seen
 
 
@@ -181,13 +180,13 @@ async def test_a_create_whose_answer_died_with_its_connection_is_answered_once(
     lean: httpx.AsyncClient, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, outcomes: Outcomes
 ) -> None:
     auth, target_id = await _known_key(lean, engine)
-    original = job_routes.job_create_for_key
+    original = job_creates.job_create_for_key
 
     async def committed_then_lost(*args: Any) -> Any:
         await original(*args)  # in autocommit: the job and its audit row are written
         raise ConnectionResetError("the connection died before the answer arrived")
 
-    monkeypatch.setattr(job_routes, "job_create_for_key", committed_then_lost)
+    monkeypatch.setattr(job_creates, "job_create_for_key", committed_then_lost)
     created = await lean.post("/v1/jobs", json={"target_id": target_id, "run_at": _at(2)}, headers=auth)
     assert created.status_code == 201, created.text
     assert outcomes == ["created"]  # found by its id, not created again

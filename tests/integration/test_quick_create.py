@@ -1,9 +1,10 @@
-"""The lean `POST /v1/jobs` (app/api/lean_create.py) answers exactly as the FastAPI route does.
+"""The quick branch of `POST /v1/jobs` (app/api/job_creates.py, QuickCreate) answers exactly
+as the FastAPI route's full handler does.
 
 Each request goes to two apps on one database: the service as built, and the same app without
-the lean path (only the route). Their answers must match in status, content type, the headers
-a client acts on, and body (ids and times aside); the lean path must have served the requests
-it is meant for, and left the others to the route.
+the quick branch (only the route's full handler). Their answers must match in status, content
+type, the headers a client acts on, and body (ids and times aside); the quick branch must have
+served the requests it is meant for, and left the others to the full handler.
 """
 
 from __future__ import annotations
@@ -21,42 +22,40 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
-from app.api.lean_create import PATH, LeanCreate
+from app.api.job_creates import QuickCreate
 from app.settings import Settings
 from app.store.tables import api_keys, audit_log, jobs
 from app.store.tenants import hash_api_key
 from tests.conftest import make_target, new_tenant
 
-ADMIN_KEY = "admin-key-for-lean-create-tests"
+ADMIN_KEY = "admin-key-for-quick-create-tests"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 # What differs between two correct answers: new ids, and the moments of creation.
 JSON = "application/json"
 VOLATILE = frozenset({"id", "created_at", "updated_at"})
 
 
-# The service's client, a client of the route alone, and the paths the lean path served.
+# The service's client, a client of the route alone, and the paths the quick branch served.
 Apps = tuple[httpx.AsyncClient, httpx.AsyncClient, list[str]]
 
 
 @pytest.fixture
 async def apps(settings: Settings, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Apps]:
-    settings.admin_api_key = SecretStr(ADMIN_KEY)
-    settings.max_payload_bytes = 2048
+    settings = settings.model_copy(update={"admin_api_key": SecretStr(ADMIN_KEY), "max_payload_bytes": 2048})
     served: list[str] = []
-    original = LeanCreate._create
+    original = QuickCreate._create
 
-    async def counting(self: LeanCreate, *args: Any) -> Any:
-        served.append(PATH)
+    async def counting(self: QuickCreate, *args: Any) -> Any:
+        served.append("/v1/jobs")
         return await original(self, *args)
 
-    monkeypatch.setattr(LeanCreate, "_create", counting)
-    lean = create_app(settings, engine=engine)
+    monkeypatch.setattr(QuickCreate, "_create", counting)
+    service = create_app(settings, engine=engine)
     route_only = create_app(settings, engine=engine)
-    route_only.user_middleware = [m for m in route_only.user_middleware if m.cls is not LeanCreate]
-    assert len(route_only.user_middleware) == len(lean.user_middleware) - 1
+    route_only.state.quick_create = None
     clients = [
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test")
-        for app in (lean, route_only)
+        for app in (service, route_only)
     ]
     async with clients[0] as first, clients[1] as second:
         yield first, second, served
@@ -76,10 +75,10 @@ def _comparable(response: httpx.Response) -> dict[str, Any]:
 
 
 async def _both(apps: Apps, **request: Any) -> tuple[dict[str, Any], bool]:
-    """Sends the request to both apps; (the lean app's answer, whether the lean path served it)."""
-    lean, route_only, served = apps
+    """Sends the request to both apps; (the service's answer, whether the quick branch served it)."""
+    service, route_only, served = apps
     before = len(served)
-    first = await lean.post("/v1/jobs", **request)
+    first = await service.post("/v1/jobs", **request)
     second = await route_only.post("/v1/jobs", **request)
     assert len(served) == before or len(served) == before + 1
     assert _comparable(first) == _comparable(second), (first.text, second.text)
@@ -91,9 +90,9 @@ async def _tenant_with_target(client: httpx.AsyncClient, engine: AsyncEngine) ->
     return auth, await make_target(client, auth, "http://127.0.0.1:9/hook")
 
 
-async def test_the_lean_path_and_the_route_answer_alike(apps: Apps, engine: AsyncEngine) -> None:
-    lean, _, _ = apps
-    auth, target = await _tenant_with_target(lean, engine)
+async def test_the_quick_branch_and_the_route_answer_alike(apps: Apps, engine: AsyncEngine) -> None:
+    service, _, _ = apps
+    auth, target = await _tenant_with_target(service, engine)
     run_at = (dt.datetime.now(dt.UTC) + dt.timedelta(days=2)).replace(microsecond=0).isoformat()
 
     def job(**fields: Any) -> dict[str, Any]:
@@ -101,11 +100,11 @@ async def test_the_lean_path_and_the_route_answer_alike(apps: Apps, engine: Asyn
 
     revoked = await new_tenant(engine)
     other_tenant = await new_tenant(engine)
-    foreign = await make_target(lean, other_tenant, "http://127.0.0.1:9/other")
+    foreign = await make_target(service, other_tenant, "http://127.0.0.1:9/other")
     async with engine.begin() as conn:
         revoked_hash = hash_api_key(revoked["Authorization"].removeprefix("Bearer "))
         await conn.execute(update(api_keys).where(api_keys.c.key_hash == revoked_hash).values(revoked_at=func.now()))
-    lean_cases: list[tuple[str, dict[str, Any], int]] = [
+    quick_cases: list[tuple[str, dict[str, Any], int]] = [
         ("one-off", {"json": job(), "headers": auth}, 201),
         (
             "cron in a zone",
@@ -118,7 +117,7 @@ async def test_the_lean_path_and_the_route_answer_alike(apps: Apps, engine: Asyn
             201,
         ),
         ("charset", {"json": job(), "headers": {**auth, "Content-Type": "application/json; charset=utf-8"}}, 201),
-        # HTTPBearer strips what follows "Bearer ": so does the lean path.
+        # HTTPBearer strips what follows "Bearer ": so does the quick branch.
         (
             "spaced key",
             {"json": job(), "headers": {"Authorization": auth["Authorization"].replace(" ", " \t ") + " "}},
@@ -135,10 +134,10 @@ async def test_the_lean_path_and_the_route_answer_alike(apps: Apps, engine: Asyn
         ("two schedules", {"json": job(delay_s=5), "headers": auth}, 422),
         ("no schedule", {"json": {"target_id": target["id"], "payload": {}}, "headers": auth}, 422),
     ]
-    for name, request, status in lean_cases:
+    for name, request, status in quick_cases:
         answer, served = await _both(apps, **request)
         assert answer["status"] == status, (name, answer)
-        assert served, f"{name}: the lean path should have served this request"
+        assert served, f"{name}: the quick branch should have served this request"
 
     route_cases: list[tuple[str, dict[str, Any], int]] = [
         ("no key", {"json": job()}, 401),
@@ -166,10 +165,10 @@ async def test_the_lean_path_and_the_route_answer_alike(apps: Apps, engine: Asyn
 
 
 async def test_dedup_conflicts_and_audit_rows_match(apps: Apps, engine: AsyncEngine) -> None:
-    lean, route_only, served = apps
-    auth, target = await _tenant_with_target(lean, engine)
+    service, route_only, served = apps
+    auth, target = await _tenant_with_target(service, engine)
     body = {"target_id": target["id"], "payload": {}, "delay_s": 3600, "dedup_key": "nightly"}
-    created = await lean.post("/v1/jobs", json=body, headers={**auth, "X-Request-Id": "lean-1"})
+    created = await service.post("/v1/jobs", json=body, headers={**auth, "X-Request-Id": "quick-1"})
     assert created.status_code == 201 and served == ["/v1/jobs"]
     # The holder of the key is named alike by both.
     answer, _ = await _both(apps, json=body, headers=auth)
@@ -178,7 +177,7 @@ async def test_dedup_conflicts_and_audit_rows_match(apps: Apps, engine: AsyncEng
     async with engine.connect() as conn:
         assert await conn.scalar(select(func.count()).select_from(jobs).where(jobs.c.dedup_key == "nightly")) == 1
         row = (await conn.execute(select(audit_log).where(audit_log.c.object_id == created.json()["id"]))).one()
-    assert (row.action, row.request_id, row.actor) == ("createJob", "lean-1", "api_key")
+    assert (row.action, row.request_id, row.actor) == ("createJob", "quick-1", "api_key")
     # The request id is echoed, as on every answer.
     again = await route_only.post("/v1/jobs", json={**body, "dedup_key": "other"}, headers=auth)
     assert again.status_code == 201 and again.headers["x-request-id"]
@@ -187,12 +186,12 @@ async def test_dedup_conflicts_and_audit_rows_match(apps: Apps, engine: AsyncEng
 async def test_an_idempotency_key_goes_to_the_route_and_rate_limits_hold_on_both(
     apps: Apps, engine: AsyncEngine
 ) -> None:
-    lean, route_only, served = apps
-    auth, target = await _tenant_with_target(lean, engine)
+    service, route_only, served = apps
+    auth, target = await _tenant_with_target(service, engine)
     body = {"target_id": target["id"], "payload": {}, "delay_s": 60}
     keyed = {**auth, "Idempotency-Key": "create-once"}
-    first = await lean.post("/v1/jobs", json=body, headers=keyed)
-    replay = await lean.post("/v1/jobs", json=body, headers=keyed)
+    first = await service.post("/v1/jobs", json=body, headers=keyed)
+    replay = await service.post("/v1/jobs", json=body, headers=keyed)
     assert first.status_code == replay.status_code == 201 and served == []
     assert replay.headers["Idempotent-Replayed"] == "true" and replay.json()["id"] == first.json()["id"]
 
@@ -208,7 +207,7 @@ async def test_an_idempotency_key_goes_to_the_route_and_rate_limits_hold_on_both
         return tenant
 
     refusals = []
-    for client in (lean, route_only):
+    for client in (service, route_only):
         tenant_auth = await limited(client)()
         tenant_target = await make_target(client, tenant_auth, "http://127.0.0.1:9/hook")
         job = {**body, "target_id": tenant_target["id"]}
