@@ -10,10 +10,10 @@ import os
 import socket
 import sys
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import __version__, event_loop
 from app.api.app import create_app
@@ -26,7 +26,7 @@ from app.health_check import default_url as default_health_url
 from app.keyring import KeyRingError
 from app.logs import configure_logging, log_event
 from app.processes import LISTEN_FD_ENV, ChildSpec, Supervisor, attach_to_parent, child_env
-from app.runtime import DatabaseUnusable, check_database, run_role
+from app.runtime import DatabaseUnusable, Runtime, check_database, run_role
 from app.services.probes import PortInUse, ensure_port_free, start_probe_server
 from app.services.startup import start_services
 from app.settings import Settings
@@ -41,12 +41,15 @@ def main(argv: list[str] | None = None) -> None:
     if getattr(args, "client", False):
         # Client verbs talk to a server (CRONHOOK_URL, CRONHOOK_API_KEY); no service settings.
         raise SystemExit(run_client_command(args))
+    flags = _flag_settings(args)
     try:
-        settings = Settings()
+        # Flags win over CRONHOOK_* variables and are validated with them: settings are
+        # complete once built, and never changed after.
+        settings = Settings(**flags)
     except ValidationError as exc:
         for error in exc.errors():
             field = ".".join(str(p) for p in error["loc"])
-            name = f"CRONHOOK_{field.upper()}" if field else "settings"
+            name = _FLAGS[field] if field in flags else f"CRONHOOK_{field.upper()}" if field else "settings"
             print(f"cronhook: invalid {name}: {error['msg']}", file=sys.stderr)  # noqa: T201
         raise SystemExit(2) from None
     configure_logging(settings.log_level, settings.log_format)
@@ -58,19 +61,21 @@ def main(argv: list[str] | None = None) -> None:
         except KeyRingError as exc:
             print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
             raise SystemExit(2) from None
-    if getattr(args, "host", None):
-        settings.host = args.host
-    if getattr(args, "port", None) is not None:
-        settings.port = args.port
-    if getattr(args, "processes", None) is not None:
-        settings.scheduler_processes = args.processes
-    if getattr(args, "workers", None) is not None:
-        settings.api_workers = args.workers
     try:
         args.func(settings, args)
     except PortInUse as exc:
         print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
         raise SystemExit(1) from None
+
+
+# The settings a command line flag may give, by flag.
+_FLAGS = {"host": "--host", "port": "--port", "scheduler_processes": "--processes", "api_workers": "--workers"}
+
+
+def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings this command line gives (an empty --host gives none)."""
+    given = {name: getattr(args, flag.removeprefix("--"), None) for name, flag in _FLAGS.items()}
+    return {name: value for name, value in given.items() if value is not None and value != ""}
 
 
 # The commands that seal or open target secrets, or start a process that does (`secrets
@@ -236,8 +241,8 @@ def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
         _supervise(settings, children)
         return
 
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        services = start_services(engine, settings, stop, reaper=False)
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
+        services = start_services(runtime.engine, settings, stop, key_ring=runtime.key_ring, reaper=False)
         probes = await start_probe_server(settings, "scheduler")
         log_event(logger, "scheduler_started", replica_id=settings.replica_id)
         try:
@@ -255,11 +260,18 @@ def _supervise(settings: Settings, children: list[ChildSpec]) -> None:
     until one of them exits; exit code 1 if any failed."""
     supervisor = Supervisor(children, grace_s=settings.max_target_timeout_s)
 
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
         supervisor.start()
         # Readiness here: this process commits, and a scheduler (its children) is alive.
         services = start_services(
-            engine, settings, stop, scheduler=False, reaper=False, role="scheduler", read_cluster=True
+            runtime.engine,
+            settings,
+            stop,
+            key_ring=runtime.key_ring,
+            scheduler=False,
+            reaper=False,
+            role="scheduler",
+            read_cluster=True,
         )
         # The children's metrics, summed (PROMETHEUS_MULTIPROC_DIR), liveness and readiness.
         probes = await start_probe_server(settings, "scheduler")
@@ -280,8 +292,8 @@ def _supervise(settings: Settings, children: list[ChildSpec]) -> None:
 def _cmd_reaper(settings: Settings, args: argparse.Namespace) -> None:
     ensure_port_free(settings.metrics_host, settings.metrics_port, "CRONHOOK_METRICS_PORT")
 
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        services = start_services(engine, settings, stop, scheduler=False)
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
+        services = start_services(runtime.engine, settings, stop, key_ring=runtime.key_ring, scheduler=False)
         probes = await start_probe_server(settings, "reaper")
         log_event(logger, "reaper_started")
         try:
@@ -294,7 +306,7 @@ def _cmd_reaper(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
         log_event(logger, "migrated")
 
     run_role(settings, body, migrate=True)
@@ -312,9 +324,9 @@ def _cmd_openapi(settings: Settings, args: argparse.Namespace) -> None:
 def _cmd_cron_check(settings: Settings, args: argparse.Namespace) -> None:
     changed = 0
 
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
         nonlocal changed
-        changed = await cron_check(engine, args.fires, sys.stdout, as_json=args.json)
+        changed = await cron_check(runtime.engine, args.fires, sys.stdout, as_json=args.json)
 
     run_role(settings, body, opens_secrets=False)
     # Like diff: 1 when something is listed.

@@ -12,13 +12,11 @@ import sys
 import uuid
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app.api.quotas import default_limits
 from app.domain.quotas import FLOAT_LIMITS, LIMIT_FIELDS
-from app.keyring import new_key_entry, process_key_ring
+from app.keyring import new_key_entry
 from app.logs import log_event
-from app.runtime import run_role
+from app.runtime import Runtime, run_role
 from app.settings import Settings
 from app.store.audit import audit_append
 from app.store.quotas import tenant_limits_get, tenant_limits_set
@@ -58,8 +56,8 @@ def add_security_commands(sub: Any) -> None:
 
 
 def _cmd_api_key_create(settings: Settings, args: argparse.Namespace) -> None:
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        async with engine.begin() as conn:
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
+        async with runtime.engine.begin() as conn:
             tenant_id = await tenant_ensure(conn, args.tenant)
             key, row = await api_key_create_row(conn, tenant_id, args.name)
             await audit_append(
@@ -76,8 +74,8 @@ def _key_json(row: Any) -> str:
 
 
 def _cmd_api_key_list(settings: Settings, args: argparse.Namespace) -> None:
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        async with engine.begin() as conn:
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
+        async with runtime.engine.begin() as conn:
             tenant_id = None
             if args.tenant is not None and (tenant_id := await tenant_get_id(conn, args.tenant)) is None:
                 raise SystemExit(f"cronhook: no tenant {args.tenant!r}")
@@ -88,8 +86,8 @@ def _cmd_api_key_list(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _cmd_api_key_revoke(settings: Settings, args: argparse.Namespace) -> None:
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        async with engine.begin() as conn:
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
+        async with runtime.engine.begin() as conn:
             row = await api_key_revoke(conn, args.key_id)
             if row is None:
                 raise SystemExit(f"cronhook: no API key {args.key_id}")
@@ -110,9 +108,9 @@ def _cmd_api_key_revoke(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _cmd_secrets_rotate(settings: Settings, args: argparse.Namespace) -> None:
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
-        ring = process_key_ring()
-        changed = await target_secrets_reseal(engine, ring, everything=True)
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
+        ring = runtime.key_ring
+        changed = await target_secrets_reseal(runtime.engine, ring, everything=True)
         log_event(logger, "secrets_resealed", targets=changed, key_id=ring.primary_id)
         print(json.dumps({"resealed_targets": changed, "key_id": ring.primary_id}))  # noqa: T201
 
@@ -133,9 +131,9 @@ def _limit_value(text: str) -> float | None:
 
 
 def _cmd_tenant_limits(settings: Settings, args: argparse.Namespace) -> None:
-    async def body(engine: AsyncEngine, stop: asyncio.Event) -> None:
+    async def body(runtime: Runtime, stop: asyncio.Event) -> None:
         given = {name: getattr(args, name) for name in LIMIT_FIELDS if f"--{name.replace('_', '-')}" in sys.argv}
-        async with engine.begin() as conn:
+        async with runtime.engine.begin() as conn:
             tenant_id = await tenant_get_id(conn, args.tenant)
             if tenant_id is None:
                 raise SystemExit(f"cronhook: no tenant {args.tenant!r}")

@@ -3,10 +3,11 @@ sealing of signing secrets and target header values with AES-256-GCM.
 
 A sealed value is `enc1:<key id>:<base64url(nonce | ciphertext | tag)>`; the first key of
 the ring seals, every key opens, so keys rotate by putting a new one first and re-sealing
-(`cronhook secrets rotate`). The ring is installed once per process (Runtime, create_app)
-because the claim's row loader, deep in the scheduler's hot path, opens sealed values and
-must not be handed settings on every call; opening is cached by sealed text (every sealing
-draws a fresh nonce, so a sealed text names exactly one plaintext).
+(`cronhook secrets rotate`). A process loads its ring once (Runtime, or create_app given an
+engine) and hands it to what seals or opens: the scheduler and reaper (for the claim's row
+mapper, app/store/job_rows.py), the API's state (for the target routes). Opening is cached
+by sealed text (every sealing draws a fresh nonce, so a sealed text names exactly one
+plaintext), so the claim's hot path pays the AES work once per value.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ _KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _NONCE_BYTES = 12
 # Distinct values are few (targets x headers); the cache only saves the AES work per delivery.
 _OPEN_CACHE_SIZE = 65_536
+# What a sealed value is for, bound into it (a value sealed for one does not open as another).
+SIGNING_SECRET = "signing_secret"
+HEADER_VALUE = "header_value"
 
 
 class KeyRingError(ValueError):
@@ -62,7 +66,7 @@ class KeyRing:
         self.primary_id = keys[0][0]
         self.key_ids = [key_id for key_id, _ in keys]
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keys}
-        self.open = lru_cache(maxsize=_OPEN_CACHE_SIZE)(self._open)
+        self._open_sealed = lru_cache(maxsize=_OPEN_CACHE_SIZE)(self._open)
 
     def seal(self, plaintext: str, purpose: str) -> str:
         """`purpose` (e.g. `signing_secret`) is bound as associated data: a sealed header value
@@ -71,10 +75,19 @@ class KeyRing:
         ciphertext = self._ciphers[self.primary_id].encrypt(nonce, plaintext.encode(), purpose.encode())
         return f"{SEALED_PREFIX}{self.primary_id}:{base64.urlsafe_b64encode(nonce + ciphertext).decode()}"
 
-    def _open(self, value: str, purpose: str) -> str:
+    def open(self, value: str, purpose: str) -> str:
         if not is_sealed(value):
             # Rows written before encryption at rest, until start-up seals them.
             return value
+        return self._open_sealed(value, purpose)
+
+    def seal_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        return {name: self.seal(value, HEADER_VALUE) for name, value in headers.items()}
+
+    def open_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        return {name: self.open(value, HEADER_VALUE) for name, value in headers.items()}
+
+    def _open(self, value: str, purpose: str) -> str:
         try:
             key_id, encoded = value[len(SEALED_PREFIX) :].split(":", 1)
             raw = base64.urlsafe_b64decode(encoded)
@@ -129,41 +142,3 @@ def load_key_file(data_dir: Path) -> KeyRing:
     if path.stat().st_mode & 0o077:
         raise KeyRingError(f"{path} must not be readable by group or others (chmod 600)")
     return parse_key_ring(path.read_text())
-
-
-class _Installed:
-    ring: KeyRing | None = None
-
-
-def install_key_ring(ring: KeyRing) -> None:
-    """Makes `ring` the process's key ring (start-up; tests)."""
-    _Installed.ring = ring
-
-
-def process_key_ring() -> KeyRing:
-    ring = _Installed.ring
-    if ring is None:
-        raise KeyRingError("no key ring installed: the process did not start through Runtime or create_app")
-    return ring
-
-
-def seal(plaintext: str, purpose: str) -> str:
-    return process_key_ring().seal(plaintext, purpose)
-
-
-def open_sealed(value: str, purpose: str) -> str:
-    if not is_sealed(value):
-        return value  # stored before encryption at rest (start-up seals it)
-    return process_key_ring().open(value, purpose)
-
-
-SIGNING_SECRET = "signing_secret"
-HEADER_VALUE = "header_value"
-
-
-def seal_headers(headers: dict[str, str]) -> dict[str, str]:
-    return {name: seal(value, HEADER_VALUE) for name, value in headers.items()}
-
-
-def open_headers(headers: dict[str, str]) -> dict[str, str]:
-    return {name: open_sealed(value, HEADER_VALUE) for name, value in headers.items()}

@@ -1,7 +1,7 @@
 """One process's database runtime: the embedded server (when no URL is set), the engine,
-migrations, the key ring for secrets at rest and the bootstrap API key. Used by every CLI
-role (run_role: the runtime around a role's body, stopped cleanly on SIGINT/SIGTERM) and by
-the API's lifespan."""
+migrations, the key ring for secrets at rest (loaded once here, then handed down from
+`Runtime.key_ring`) and the bootstrap API key. Used by every CLI role (run_role: the runtime
+around a role's body, stopped cleanly on SIGINT/SIGTERM) and by the API's lifespan."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine
 from app.db.errors import is_transient_db_error, outage_reason
 from app.db.migrate import migrate_to_head
-from app.keyring import KeyRingError, install_key_ring
+from app.keyring import KeyRing, KeyRingError
 from app.logs import log_event
 from app.settings import Settings
 from app.store.rescues import replica_session_name
@@ -49,11 +49,19 @@ class Runtime:
         self._pre_ping = pre_ping
         self._embedded: EmbeddedPostgres | None = None
         self._engine: AsyncEngine | None = None
+        self._key_ring: KeyRing | None = None
 
     @property
     def engine(self) -> AsyncEngine:
         assert self._engine is not None, "Runtime.start() not called"
         return self._engine
+
+    @property
+    def key_ring(self) -> KeyRing:
+        """The ring start() loaded and checked against the stored secrets."""
+        if self._key_ring is None:
+            raise KeyRingError("no key ring loaded: this runtime was started to open no secrets")
+        return self._key_ring
 
     async def start(self, migrate: bool | None = None) -> AsyncEngine:
         url: str | URL | None = self.settings.database
@@ -95,10 +103,9 @@ class Runtime:
         return self._engine
 
     async def _start_key_ring(self, seal: bool) -> None:
-        """Installs the key ring, refuses to start if it cannot open every stored secret, and
+        """Loads the key ring, refuses to start if it cannot open every stored secret, and
         (when this process migrates) seals the values stored before encryption at rest."""
         ring = self.settings.load_key_ring()
-        install_key_ring(ring)
         async with self.engine.connect() as conn:
             in_use = await target_secret_key_ids(conn)
         missing = sorted(key_id for key_id in in_use - {""} if key_id not in ring.key_ids)
@@ -110,6 +117,7 @@ class Runtime:
         if seal and "" in in_use:
             sealed = await target_secrets_reseal(self.engine, ring, everything=False)
             log_event(logger, "secrets_sealed", targets=sealed, key_id=ring.primary_id)
+        self._key_ring = ring
 
     async def stop(self) -> None:
         # Dispose the engine before detaching, so the server can stop without live sessions.
@@ -184,13 +192,13 @@ async def check_database(settings: Settings) -> None:
 
 def run_role(
     settings: Settings,
-    body: Callable[[AsyncEngine, asyncio.Event], Awaitable[None]],
+    body: Callable[[Runtime, asyncio.Event], Awaitable[None]],
     migrate: bool | None = None,
     generic_plans: bool = False,
     opens_secrets: bool = True,
 ) -> None:
-    """Runs `body` with a database, stopping cleanly on SIGINT/SIGTERM (`opens_secrets`: see
-    Runtime)."""
+    """Runs `body` with a started Runtime (its engine, its key ring), stopping cleanly on
+    SIGINT/SIGTERM (`opens_secrets`: see Runtime)."""
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -199,8 +207,8 @@ def run_role(
             loop.add_signal_handler(sig, stop.set)
         runtime = Runtime(settings, generic_plans=generic_plans, opens_secrets=opens_secrets)
         try:
-            engine = await runtime.start(migrate=migrate)
-            await body(engine, stop)
+            await runtime.start(migrate=migrate)
+            await body(runtime, stop)
         finally:
             await runtime.stop()
 

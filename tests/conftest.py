@@ -40,7 +40,7 @@ from app.api.app import create_app
 from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine, normalize_url
 from app.db.migrate import migrate_to_head
-from app.keyring import install_key_ring, parse_key_ring
+from app.keyring import parse_key_ring
 from app.settings import Settings
 from app.store.tenants import api_key_create, tenant_ensure
 from tests.receiver import Receiver
@@ -51,8 +51,9 @@ LOOPBACK_ALLOWED = "127.0.0.0/8"
 # e2e tests start get it from tests/e2e/test_processes.py base_env).
 TEST_SECRET_KEYS = "test1:" + "dGVzdC1rZXktZm9yLWNyb25ob29rLXRlc3RzLTMyYiE="
 os.environ.setdefault("CRONHOOK_SECRET_KEYS", TEST_SECRET_KEYS)
-# Tests that build rows through the store without an app (tests/factories.py) seal with it too.
-install_key_ring(parse_key_ring(os.environ["CRONHOOK_SECRET_KEYS"]))
+# The same ring, for what tests build without an app: the store's target writes (tests/
+# factories.py), claims, and the schedulers and reapers they run in-process.
+TEST_KEY_RING = parse_key_ring(os.environ["CRONHOOK_SECRET_KEYS"])
 
 PR_SET_CHILD_SUBREAPER = 36
 # Processes the test process started that may still stop on their own at session end

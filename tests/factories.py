@@ -10,18 +10,21 @@ from sqlalchemy import func, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.job import NewJob
+from app.domain.payload import payload_json
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import IntervalSchedule, OnceSchedule, Schedule
+from app.store.job_rows_new import PreparedJob
 from app.store.jobs import db_now, job_create, job_create_many
 from app.store.tables import jobs
 from app.store.targets import target_create
 from app.store.tenants import tenant_ensure
+from tests.conftest import TEST_KEY_RING
 
 
 async def make_tenant_and_target(engine: AsyncEngine, url: str, timeout_s: float = 2.0) -> tuple[uuid.UUID, uuid.UUID]:
     async with engine.begin() as conn:
         tenant_id = await tenant_ensure(conn, f"t-{uuid.uuid4().hex[:8]}")
-        row, _ = await target_create(conn, tenant_id, name="t", url=url, headers={}, timeout_s=timeout_s)
+        row, _ = await target_create(conn, TEST_KEY_RING, tenant_id, name="t", url=url, headers={}, timeout_s=timeout_s)
     return tenant_id, row["id"]
 
 
@@ -42,19 +45,17 @@ async def make_jobs(
         now = await db_now(conn)
         fire = now + dt.timedelta(seconds=due_in_s)
         for i in range(count):
-            row = await job_create(
-                conn,
-                NewJob(
-                    tenant_id=tenant_id,
-                    target_id=target_id,
-                    name=None,
-                    payload={"n": i} if payload is None else payload,
-                    priority=0,
-                    schedule=schedule or OnceSchedule(fire),
-                    first_fire_at=fire,
-                    policy=RetryPolicy(max_attempts, backoff_base_s, backoff_base_s * 4),
-                ),
+            new = NewJob(
+                tenant_id=tenant_id,
+                target_id=target_id,
+                name=None,
+                payload={"n": i} if payload is None else payload,
+                priority=0,
+                schedule=schedule or OnceSchedule(fire),
+                first_fire_at=fire,
+                policy=RetryPolicy(max_attempts, backoff_base_s, backoff_base_s * 4),
             )
+            row = await job_create(conn, PreparedJob.of(new, payload_json(new.payload)))
             ids.append(row["id"])
     return ids
 
@@ -94,7 +95,8 @@ async def make_jobs_bulk(
         news = []
         for i in range(start, min(count, start + chunk)):
             fire = now + dt.timedelta(seconds=due_in_s + spread_s * i / max(1, count))
-            news.append(NewJob(tenant_id, target_id, None, {"n": i}, 0, OnceSchedule(fire), fire, policy))
+            new = NewJob(tenant_id, target_id, None, {"n": i}, 0, OnceSchedule(fire), fire, policy)
+            news.append(PreparedJob.of(new, payload_json(new.payload)))
         async with engine.begin() as conn:
             ids.extend(row["id"] for row in await job_create_many(conn, news))
     return ids

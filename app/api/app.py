@@ -36,7 +36,6 @@ from app.api.routes import (
 )
 from app.api.routes.job_batches import BATCH_PATH
 from app.db.watch import DB_WATCH
-from app.keyring import install_key_ring
 from app.processes import Supervisor
 from app.runtime import Runtime
 from app.services.startup import start_services
@@ -72,12 +71,14 @@ def create_app(
             return
         runtime = Runtime(settings)
         app.state.engine = await runtime.start()
+        app.state.key_ring = runtime.key_ring
         app.state.quotas = Quotas(app.state.engine, settings)
         stop = asyncio.Event()
         services = start_services(
             app.state.engine,
             settings,
             stop,
+            key_ring=runtime.key_ring,
             scheduler=in_process,
             reaper=run_services,
             role="up" if run_services else "api",
@@ -116,10 +117,10 @@ def create_app(
     # POST /v1/jobs's quick branch (app/api/job_creates.py), with the keys this app has seen.
     app.state.quick_create = QuickCreate()
     if engine is not None:
-        # The caller owns the database (tests): the process's key ring comes from settings here.
+        # The caller owns the database (tests): the key ring comes from settings here.
         app.state.engine = engine
         app.state.quotas = Quotas(engine, settings)
-        install_key_ring(settings.load_key_ring())
+        app.state.key_ring = settings.load_key_ring()
     install_error_handlers(app)
     for router in (
         targets.router,

@@ -26,6 +26,7 @@ from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from app.api.quotas import Quotas
 from app.db.errors import once_more_if_dead
 from app.db.watch import DB_WATCH
+from app.keyring import KeyRing
 from app.settings import Settings
 from app.store.tenants import Caller, api_key_caller, plausible_api_key
 
@@ -82,6 +83,15 @@ async def get_quotas(request: Request) -> Quotas:
 
 
 QuotasDep = Annotated[Quotas, Depends(get_quotas)]
+
+
+async def get_key_ring(request: Request) -> KeyRing:
+    key_ring: KeyRing = request.app.state.key_ring
+    return key_ring
+
+
+# Seals and opens target secrets (the process's ring, loaded once: app/api/app.py).
+KeyRingDep = Annotated[KeyRing, Depends(get_key_ring)]
 
 
 def _too_many(detail: str, wait_s: float, slug: str) -> Problem:

@@ -44,7 +44,7 @@ from app.logs import REQUEST_ID
 from app.settings import Settings
 from app.store import jobs as store
 from app.store.job_inserts import JobAudit, NotCreated, job_create_checked, job_create_for_key, job_create_many_checked
-from app.store.job_layout import PreparedJob
+from app.store.job_rows_new import PreparedJob
 from app.store.targets import target_lock_live_many
 from app.store.tenants import Caller, hash_api_key
 

@@ -5,6 +5,7 @@ back on purpose (counted apart, so a rate-limited target does not look like a st
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,6 +22,16 @@ class HeldPartitions(Protocol):
     def held(self) -> dict[int, int]: ...
 
 
+@dataclass(frozen=True)
+class BacklogSample:
+    """One sample: the partitions this replica owns, the due jobs waiting in them, and how
+    many of those a target's limits hold back."""
+
+    partitions: int
+    due: int
+    held_back: int
+
+
 class BacklogSampler:
     name = "backlog"
 
@@ -32,7 +43,7 @@ class BacklogSampler:
         self.interval_s = interval_s
         self.wake = asyncio.Event()
 
-    async def run_once(self) -> dict[str, int]:
+    async def run_once(self) -> BacklogSample:
         partitions = sorted(self._ownership.held())
         async with self._engine.connect() as conn:
             backlog = await job_backlog_of_partitions(conn, partitions)
@@ -40,11 +51,11 @@ class BacklogSampler:
             self._ownership.replica_id, len(partitions), backlog.due, backlog.oldest_due_at, backlog.held_back,
             backlog.now,
         )  # fmt: skip
-        return {"partitions": len(partitions), "due": backlog.due, "held_back": backlog.held_back}
+        return BacklogSample(len(partitions), backlog.due, backlog.held_back)
 
-    async def tick(self) -> dict[str, int]:
+    async def tick(self) -> BacklogSample:
         return await self.run_once()
 
-    def idle_wait_s(self, counts: dict[str, int]) -> float:
+    def idle_wait_s(self, result: BacklogSample) -> float:
         # Until the replica holds partitions (start-up, a takeover), look again soon.
-        return self.interval_s if counts["partitions"] else min(1.0, self.interval_s)
+        return self.interval_s if result.partitions else min(1.0, self.interval_s)

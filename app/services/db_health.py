@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
@@ -36,6 +37,21 @@ WAITS_DEADLINE_S = 2.0
 REPORT_INTERVAL_S = 1.0
 
 
+@dataclass(frozen=True)
+class ProbePass:
+    """One commit probe that committed; `weak`: with the fallback commit, which does not
+    wait for a synchronous standby."""
+
+    weak: bool
+
+
+@dataclass(frozen=True)
+class StallCheck:
+    """One look at the operations in flight: whether one is older than the warning age."""
+
+    stalled: bool
+
+
 class CommitProbe:
     name = "commit_probe"
 
@@ -47,10 +63,10 @@ class CommitProbe:
         self.wake = asyncio.Event()
         self._weak = False
 
-    async def tick(self) -> dict[str, int]:
+    async def tick(self) -> ProbePass:
         return await self.run_once()
 
-    async def run_once(self) -> dict[str, int]:
+    async def run_once(self) -> ProbePass:
         with self._watch.operation("commit_probe"):
             async with self._engine.connect() as conn:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -71,9 +87,9 @@ class CommitProbe:
                 self._watch.committed()
                 if self._read_cluster:
                     self._watch.schedulers_live = await schedulers_live(conn)
-        return {"committed": 1}
+        return ProbePass(weak=self._weak)
 
-    def idle_wait_s(self, counts: dict[str, int]) -> float:
+    def idle_wait_s(self, result: ProbePass) -> float:
         return self._warn_s / 2
 
 
@@ -92,10 +108,10 @@ class StallReporter:
         # Its own connections (none pooled): the pool may be held by the stalled operations.
         self._side: AsyncEngine | None = None
 
-    async def tick(self) -> dict[str, int]:
+    async def tick(self) -> StallCheck:
         return await self.run_once()
 
-    async def run_once(self, now: float | None = None) -> dict[str, int]:
+    async def run_once(self, now: float | None = None) -> StallCheck:
         now = time.monotonic() if now is None else now
         oldest = self._watch.oldest(now)
         age = oldest.age_s if oldest is not None else 0.0
@@ -116,7 +132,7 @@ class StallReporter:
                     detail="a database operation has not returned; deliveries wait for it",
                 )
                 self._next_report_s = age * 2
-            return {"stalled": 1}
+            return StallCheck(stalled=True)
         if self._since is not None:
             log_event(
                 logger,
@@ -126,7 +142,7 @@ class StallReporter:
                 lasted_s=round(now - self._since, 1),
             )
             self._since, self._worst = None, None
-        return {"stalled": 0}
+        return StallCheck(stalled=False)
 
     async def _waits(self) -> list[str] | str:
         try:
@@ -146,7 +162,7 @@ class StallReporter:
             )
         return self._side
 
-    def idle_wait_s(self, counts: dict[str, int]) -> float:
+    def idle_wait_s(self, result: StallCheck) -> float:
         return REPORT_INTERVAL_S
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from app.domain.egress import EgressPolicy
 from app.domain.job import AttemptOutcome, ClaimedJob, RunOutcome
+from app.domain.payload import storable_text
 from app.domain.retry import is_retryable_status, parse_retry_after
 from app.domain.signing import sign
 from app.services.egress_resolver import EGRESS_DENIED, EgressDenied, EgressResolver, literal_host_denied
@@ -155,15 +156,9 @@ def _outcome(
     outcome: RunOutcome, status: int | None, error: str | None, started: float, started_wall: dt.datetime
 ) -> AttemptOutcome:
     duration_ms = int((time.monotonic() - started) * 1000)
-    return AttemptOutcome(outcome, status, _storable(error), duration_ms, started_wall)
-
-
-def _storable(text: str | None) -> str | None:
-    """A receiver controls its response body: make it safe for a PostgreSQL text column."""
-    if text is None:
-        return None
-    cleaned = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
-    return cleaned[:ERROR_EXCERPT_CHARS]
+    # A receiver controls its response body, which the error quotes.
+    stored = None if error is None else storable_text(error, ERROR_EXCERPT_CHARS)
+    return AttemptOutcome(outcome, status, stored, duration_ms, started_wall)
 
 
 def _denied(started: float, started_wall: dt.datetime) -> AttemptOutcome:

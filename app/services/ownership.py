@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -58,6 +59,17 @@ def _clock() -> float:
 
 if not hasattr(time, "CLOCK_BOOTTIME"):
     _clock = time.monotonic
+
+
+@dataclass(frozen=True)
+class OwnershipRound:
+    """One ownership round: the partitions held after it, this replica's fair share, and
+    how many it acquired and released."""
+
+    held: int
+    target: int
+    acquired: int
+    released: int
 
 
 class PartitionOwnership:
@@ -128,18 +140,18 @@ class PartitionOwnership:
     def round_due(self) -> bool:
         return time.monotonic() >= self._last_round + self.renew_s or not self.trusted()
 
-    async def tick(self) -> dict[str, int]:
+    async def tick(self) -> OwnershipRound:
         return await self.run_once()
 
-    def idle_wait_s(self, counts: dict[str, int]) -> float:
+    def idle_wait_s(self, result: OwnershipRound) -> float:
         # Short of a fair share (a replica left, or this one just started): look again soon.
-        return self.renew_s / 2 if counts["held"] < counts["target"] else self.renew_s
+        return self.renew_s / 2 if result.held < result.target else self.renew_s
 
     async def ensure_fresh(self) -> None:
         if self.round_due():
             await self.run_once()
 
-    async def run_once(self) -> dict[str, int]:
+    async def run_once(self) -> OwnershipRound:
         async with self._lock:
             started = time.monotonic()
             # Even leases we stopped trusting are offered for renewal: the statement renews
@@ -184,7 +196,7 @@ class PartitionOwnership:
                 target=target,
                 live_replicas=len(live),
             )
-        return {"held": len(held), "target": target, "acquired": len(acquired), "released": len(released)}
+        return OwnershipRound(held=len(held), target=target, acquired=len(acquired), released=len(released))
 
     async def release_all(self) -> None:
         """On clean shutdown: hand every partition back at once instead of letting leases expire."""

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -22,6 +22,7 @@ from app import metrics
 from app.db.watch import DB_WATCH
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
+from app.keyring import KeyRing
 from app.logs import log_event
 from app.settings import Settings, copy_settings, default_of
 from app.store.idempotency import idempotency_key_purge_expired
@@ -58,26 +59,54 @@ class ReaperConfig:
         return copy_settings(cls, settings, interval_s="reaper_interval_s", batch_size="reaper_batch_size")
 
 
+@dataclass(frozen=True)
+class RetentionPass:
+    """Rows one retention pass deleted (a batch of each kind at most)."""
+
+    dead_letters_deleted: int
+    runs_deleted: int
+    jobs_deleted: int
+
+
+@dataclass(frozen=True)
+class ReaperPass:
+    """One reaper pass: leases rescued (back to retrying, or to the dead-letter queue), then
+    the housekeeping that rode along."""
+
+    rescued: int
+    dead_lettered: int
+    idempotency_keys_purged: int
+    retention: RetentionPass
+
+
 class Reaper:
     name = "reaper"
 
-    def __init__(self, engine: AsyncEngine, config: ReaperConfig, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, config: ReaperConfig, key_ring: KeyRing, rng: random.Random | None = None
+    ) -> None:
         self._engine = engine
         self.config = config
+        # The rescue reads jobs as the claim does, target secrets opened (app/store/job_rows.py).
+        self._key_ring = key_ring
         self._rng = rng or random.Random()
         self.wake = asyncio.Event()
         # Where the walk over recurring jobs' surplus runs stands (None: from the start).
         self._runs_cursor: uuid.UUID | None = None
 
-    async def tick(self) -> dict[str, int]:
+    async def tick(self) -> ReaperPass:
         return await self.run_once()
 
-    async def run_once(self) -> dict[str, int]:
-        counts = {"rescued": 0, "dead_lettered": 0}
+    async def run_once(self) -> ReaperPass:
+        rescued = dead_lettered = 0
         with DB_WATCH.operation("rescue"):
             async with self._engine.begin() as conn:
                 expired = await job_lock_expired_leases(
-                    conn, self.config.batch_size, self.config.lease_margin_s, self.config.dead_replica_fast_rescue
+                    conn,
+                    self._key_ring,
+                    self.config.batch_size,
+                    self.config.lease_margin_s,
+                    self.config.dead_replica_fast_rescue,
                 )
                 items = [
                     FinishedAttempt(
@@ -93,7 +122,10 @@ class Reaper:
         for item in items:
             if item.lease not in applied:
                 continue
-            counts["dead_lettered" if item.step.dead_letter else "rescued"] += 1
+            if item.step.dead_letter:
+                dead_lettered += 1
+            else:
+                rescued += 1
             log_event(
                 logger,
                 "lease_reaped",
@@ -104,39 +136,38 @@ class Reaper:
                 dead_letter=item.step.dead_letter,
                 owner_dead=item.job.lease_token in owner_dead,
             )
-        metrics.leases_reaped(counts["rescued"], counts["dead_lettered"])
+        metrics.leases_reaped(rescued, dead_lettered)
         # Housekeeping rides along, after the rescue so it can never hold one up: Idempotency-Keys
         # are kept for 24 hours.
         async with self._engine.begin() as conn:
-            counts["idempotency_keys_purged"] = await idempotency_key_purge_expired(conn)
-        counts.update(await self.retain())
-        return counts
+            purged = await idempotency_key_purge_expired(conn)
+        return ReaperPass(rescued, dead_lettered, purged, await self.retain())
 
-    async def retain(self) -> dict[str, int]:
+    async def retain(self) -> RetentionPass:
         """One batch of each retention delete, each in its own short transaction."""
         config, limit = self.config, self.config.retention_batch_size
-        counts = {"dead_letters_deleted": 0}
+        dead_letters = 0
         if config.dead_letter_retention_days is not None:
             async with self._engine.begin() as conn:
-                counts["dead_letters_deleted"] = await dead_letter_delete_expired(
-                    conn, config.dead_letter_retention_days, limit
-                )
+                dead_letters = await dead_letter_delete_expired(conn, config.dead_letter_retention_days, limit)
         async with self._engine.begin() as conn:
-            counts["runs_deleted"], self._runs_cursor = await run_delete_beyond_kept(
+            runs, self._runs_cursor = await run_delete_beyond_kept(
                 conn, config.runs_kept_per_job, limit, self._runs_cursor
             )
         async with self._engine.begin() as conn:
-            counts["jobs_deleted"] = await job_delete_finished(conn, config.retention_days, limit)
-        if any(counts.values()):
-            log_event(logger, "history_deleted", **counts)
-        return counts
+            jobs = await job_delete_finished(conn, config.retention_days, limit)
+        retained = RetentionPass(dead_letters, runs, jobs)
+        if dead_letters or runs or jobs:
+            log_event(logger, "history_deleted", **asdict(retained))
+        return retained
 
-    def idle_wait_s(self, counts: dict[str, int]) -> float:
-        if counts["rescued"] + counts["dead_lettered"] >= self.config.batch_size:
+    def idle_wait_s(self, result: ReaperPass) -> float:
+        if result.rescued + result.dead_lettered >= self.config.batch_size:
             return 0.0
         # A full retention batch: more is waiting; the next batch follows after a short
         # pause, so a large first clean-up proceeds steadily without hogging the database.
-        if max(counts["jobs_deleted"], counts["runs_deleted"], counts["dead_letters_deleted"]) >= (
+        retained = result.retention
+        if max(retained.jobs_deleted, retained.runs_deleted, retained.dead_letters_deleted) >= (
             self.config.retention_batch_size
         ):
             return min(self.config.interval_s, RETENTION_BATCH_PAUSE_S)

@@ -26,18 +26,13 @@ from app.domain.job import ClaimedJob, FinishedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
 from app.domain.states import JobState
+from app.keyring import KeyRing
 from app.logs import log_event
 from app.services.claim_answers import ClaimAnswers
 from app.services.delivery_logs import log_lease_fenced, log_outcome
 from app.services.dispatcher import Dispatcher, PostNotStarted
 from app.services.due_listener import DueListener
-from app.services.loop import (
-    MAX_ERROR_BACKOFF_S,
-    MIN_ERROR_BACKOFF_S,
-    OutageLog,
-    run_forever,
-    wait_for_stop_or_wake,
-)
+from app.services.loop import jittered, run_forever
 from app.services.ownership import PartitionOwnership
 from app.services.recorder import OutcomeRecorder
 from app.services.scheduler_config import SchedulerConfig
@@ -59,12 +54,28 @@ MIN_CLAIM_GAP_S = 0.005
 HELD_BACK_WAIT_S = 0.025
 
 
+@dataclasses.dataclass(frozen=True)
+class ClaimPass:
+    """One scheduler pass: the jobs it asked for and claimed, the deliveries in flight after
+    it, and whether some tenant or target was at its share (its jobs skipped)."""
+
+    requested: int
+    claimed: int
+    in_flight: int
+    some_full: bool = False
+
+
 class Scheduler:
     name = "scheduler"
 
-    def __init__(self, engine: AsyncEngine, config: SchedulerConfig, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, config: SchedulerConfig, key_ring: KeyRing, rng: random.Random | None = None
+    ) -> None:
         self._engine = engine
         self.config = config
+        # Opens the claimed jobs' target secrets (the claim's row mapper, app/store/job_rows.py).
+        self._key_ring = key_ring
+        # The one random source: retry backoff and the loop's jitter.
         self._rng = rng or random.Random()
         self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s, config.egress)
         self._recorder = OutcomeRecorder(engine)
@@ -120,7 +131,7 @@ class Scheduler:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    async def run_once(self, wait: bool = True) -> dict[str, int]:
+    async def run_once(self, wait: bool = True) -> ClaimPass:
         """Claims one batch and starts its deliveries; with `wait`, returns when all are recorded.
 
         Ownership rounds run on their own task (run_forever); a claim waits for one only when
@@ -136,11 +147,11 @@ class Scheduler:
         if capacity < self._refill or capacity <= 0:
             # Nearly full: wait until a good share of the slots is free (`wake`), rather
             # than pay a claim for every delivery that finishes.
-            return {"requested": 0, "claimed": 0, "in_flight": len(self._tasks)}
+            return ClaimPass(requested=0, claimed=0, in_flight=len(self._tasks))
         requested = min(self.config.batch_size, capacity)
         held = self.ownership.held()
         if not held:
-            return {"requested": requested, "claimed": 0, "in_flight": len(self._tasks)}
+            return ClaimPass(requested=requested, claimed=0, in_flight=len(self._tasks))
         with DB_WATCH.operation("claim"):
             try:
                 async with self._engine.connect() as conn:
@@ -149,6 +160,7 @@ class Scheduler:
                     await conn.execution_options(isolation_level="AUTOCOMMIT")
                     batch = await job_claim_batch(
                         conn,
+                        self._key_ring,
                         self.config.replica_id,
                         requested,
                         self.config.lease_s,
@@ -177,12 +189,11 @@ class Scheduler:
             started.append(task)
         if wait and started:
             await asyncio.gather(*started)
-        counts = {"requested": requested, "claimed": len(claimed), "in_flight": len(self._tasks)}
-        return {**counts, "some_full": int(self.shares.full_count() > 0)}
+        return ClaimPass(requested, len(claimed), len(self._tasks), some_full=self.shares.full_count() > 0)
 
-    def idle_wait_s(self, counts: dict[str, int]) -> float:
-        if counts["requested"] and counts["claimed"] >= counts["requested"]:
-            if counts.get("some_full"):
+    def idle_wait_s(self, result: ClaimPass) -> float:
+        if result.requested and result.claimed >= result.requested:
+            if result.some_full:
                 # The claim filled a tenant's or target's share: the next one would skip its
                 # jobs, and in a one-tenant burst find nothing else (a claim planned afresh,
                 # ~15 ms under load, in which no slot could be refilled). Claim again once
@@ -190,7 +201,7 @@ class Scheduler:
                 return HELD_BACK_WAIT_S
             # Everything asked for was due: more probably is, so claim again at once.
             return 0.0
-        if counts.get("some_full"):
+        if result.some_full:
             # Jobs of a tenant or target at its share may be all that is due (the next due
             # time says nothing then), or may hide others' jobs from this claim (the next
             # one skips it). Claim again when its slots free up (`wake`), when a NOTIFY or
@@ -199,19 +210,19 @@ class Scheduler:
         # Nearly full, `wake` ends the wait once enough delivery slots are free. Otherwise
         # sleep until the next known due time, at most one poll interval (jobs in partitions
         # taken over, and due times that no notice announced, are found by the poll).
-        if not counts["requested"]:
+        if not result.requested:
             return self.config.poll_interval_s
         return self._wake_plan.wait_s(self.config.poll_interval_s)
 
-    async def tick(self) -> dict[str, int]:
+    async def tick(self) -> ClaimPass:
         # Claims that drained everything due are spaced MIN_CLAIM_GAP_S apart, so a steady
         # trickle of due jobs is claimed in small batches instead of one round trip per job.
         gap = self._last_claim_mono + MIN_CLAIM_GAP_S - time.monotonic()
         if self._last_short and gap > 0:
             await asyncio.sleep(gap)
-        counts = await self.run_once(wait=False)
-        self._last_short = counts["claimed"] < counts["requested"]
-        return counts
+        result = await self.run_once(wait=False)
+        self._last_short = result.claimed < result.requested
+        return result
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         # Ownership rounds keep their own rhythm, so a slow claim never delays a renewal and a
@@ -222,34 +233,25 @@ class Scheduler:
             DueListener(self._engine, self._wake_plan.on_due, replica_session_name(self.config.replica_id)).run(stop)
         )
         try:
-            await self._claim_forever(stop)
+            await run_forever(self, stop, logger, wait_policy=self)
         finally:
             await renewals
             await watchdog
             await listener
             self._wake_plan.cancel()
 
-    async def _claim_forever(self, stop: asyncio.Event) -> None:
-        """run_forever's loop (app/services/loop.py), with a wait that ends exactly at the next
-        due time: jitter only on a full poll interval, where it keeps replicas apart."""
-        error_backoff = MIN_ERROR_BACKOFF_S
-        outage = OutageLog(logger, self.name)
-        while not stop.is_set():
-            try:
-                counts = await self.tick()
-                outage.succeeded()
-                error_backoff = MIN_ERROR_BACKOFF_S
-                wait = self.idle_wait_s(counts)
-                if wait >= self.config.poll_interval_s:
-                    wait *= random.uniform(0.8, 1.2)
-            except Exception as exc:
-                outage.failed(exc, error_backoff)
-                wait = error_backoff
-                error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF_S)
-            if wait > 0 and not self.wake.is_set():
-                self._wake_plan.planned(wait)
-                await wait_for_stop_or_wake(stop, self.wake, wait)
-            self._wake_plan.planned(None)
+    # run_forever's wait policy (app/services/loop.py): a wait ends exactly at the next due
+    # time; only a full poll interval is jittered, where it keeps replicas apart (the error
+    # backoff is not).
+
+    def sleep_s(self, wait_s: float, failed: bool) -> float:
+        if failed or wait_s < self.config.poll_interval_s:
+            return wait_s
+        return jittered(wait_s, self._rng)
+
+    def sleeping(self, sleep_s: float | None) -> None:
+        # A NOTIFY of a job due before the planned wake-up cuts the sleep short (WakePlan.on_due).
+        self._wake_plan.planned(sleep_s)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)

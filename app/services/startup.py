@@ -9,6 +9,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.watch import DB_WATCH
+from app.keyring import KeyRing
 from app.services.backlog import BacklogSampler
 from app.services.db_health import CommitProbe, StallReporter
 from app.services.loop import run_forever
@@ -58,13 +59,15 @@ def start_services(
     settings: Settings,
     stop: asyncio.Event,
     *,
+    key_ring: KeyRing,
     scheduler: bool = True,
     reaper: bool = True,
     role: str | None = None,
     read_cluster: bool | None = None,
 ) -> Services:
-    """`role` names the process in logs and metrics; `read_cluster` (default: when this process
-    runs no scheduler) makes readiness fail while no scheduler of the cluster is alive."""
+    """`key_ring` opens the claimed jobs' target secrets (the Runtime's); `role` names the
+    process in logs and metrics; `read_cluster` (default: when this process runs no
+    scheduler) makes readiness fail while no scheduler of the cluster is alive."""
     tasks: list[asyncio.Task[None]] = []
     watchers: list[asyncio.Task[None]] = []
     # Every process follows its database: a commit probe for readiness, a stall reporter.
@@ -78,11 +81,11 @@ def start_services(
     watchers.append(asyncio.create_task(run_forever(reporter, stop, health_logger)))
     running_scheduler = None
     if scheduler:
-        running_scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
+        running_scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings), key_ring)
         tasks.append(asyncio.create_task(running_scheduler.run_forever(stop)))
         sampler = BacklogSampler(engine, running_scheduler.ownership)
         tasks.append(asyncio.create_task(run_forever(sampler, stop, logging.getLogger("app.services.backlog"))))
     if reaper:
-        service = Reaper(engine, ReaperConfig.from_settings(settings))
+        service = Reaper(engine, ReaperConfig.from_settings(settings), key_ring)
         tasks.append(asyncio.create_task(run_forever(service, stop, logging.getLogger("app.services.reaper"))))
     return Services(tasks, running_scheduler, grace_s=settings.max_target_timeout_s, stop=stop, watchers=watchers)

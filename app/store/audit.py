@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -19,7 +19,13 @@ AUDIT_COLUMNS = (
     audit_log.c.request_id,
     audit_log.c.created_at,
 )
-AUDIT_APPEND = audit_log.insert()
+# Built once, with the columns an entry sets (the others are the table's defaults).
+AUDIT_APPEND = audit_log.insert().values(
+    {
+        name: bindparam(name, type_=audit_log.c[name].type)
+        for name in ("tenant_id", "api_key_id", "actor", "action", "object_id", "request_id")
+    }
+)
 
 
 async def audit_append(

@@ -13,6 +13,7 @@ create's audit row in the same statement (a data-modifying CTE).
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,13 +38,14 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.driver import DriverStatement, driver_fetch_one
-from app.domain.job import NewJob
 from app.domain.states import TERMINAL_STATES, JobState
 from app.ids import new_id
-from app.store.job_layout import ALWAYS_ARRAYS, COLUMN_NAMES, NEW_JOB_COLUMNS, PreparedJob, job_arrays, job_values
+from app.store.job_rows_new import ALWAYS_ARRAYS, COLUMN_NAMES, NEW_JOB_COLUMNS, PreparedJob, job_arrays, job_values
 from app.store.tables import DEDUP_KEY_LIVE, api_keys, audit_log, job_state, jobs, targets
+from app.store.targets import target_live, target_share_lock_live
 
 _UUID = UUID(as_uuid=True)
+_TENANT_ID = bindparam("tenant_id", type_=_UUID)
 
 
 def _rows() -> Any:
@@ -68,73 +70,63 @@ def _insert_select(new: Any, tenant_id: ColumnElement[Any]) -> Select[Any]:
     return select(*(value.label(name) for name, value in values.items()))
 
 
-def _build_insert_many() -> Any:
+@functools.cache
+def insert_many_statement() -> Any:
+    """The INSERT of `job_insert_many`: the rows as they come, one array per column."""
     new = _rows()
-    selected = _insert_select(new, bindparam("tenant_id", type_=_UUID)).select_from(new)
+    selected = _insert_select(new, _TENANT_ID).select_from(new)
     return insert(jobs).from_select(list(selected.selected_columns.keys()), selected).returning(*jobs.c)
 
 
-def _build_create_checked(returning: Sequence[Any]) -> Any:
-    tenant_id = bindparam("tenant_id", type_=_UUID)
-    live = (
-        select(targets.c.id)
-        .where(
-            targets.c.id == any_(bindparam("live_target_ids", type_=ARRAY(_UUID))),
-            targets.c.tenant_id == tenant_id,
-            targets.c.deleted_at.is_(None),
-        )
-        # Deleting a target takes the exclusive lock first, so it sees every job created
-        # before it and none is created after it; creations do not block each other.
-        .with_for_update(read=True)
-        .cte("live_targets")
-    )
-    new = _rows()
-    selected = _insert_select(new, tenant_id).select_from(new).where(_value(new, "target_id").in_(select(live.c.id)))
+def _insert_if_new(selected: Select[Any]) -> Any:
+    """The INSERT of the selected rows, but not of one whose dedup_key an unfinished job of
+    the tenant holds (the partial unique index)."""
     return (
         insert(jobs)
         .from_select(list(selected.selected_columns.keys()), selected)
         .on_conflict_do_nothing(index_elements=[jobs.c.tenant_id, jobs.c.dedup_key], index_where=text(DEDUP_KEY_LIVE))
-        .returning(*returning)
     )
 
 
-def _build_create_one(key_checked: bool = False) -> Any:
-    """The single create with plain parameters: arrays of one cost more to encode than the row.
+@functools.cache
+def create_many_statement() -> Any:
+    """The batch create: the rows whose target is live (share-locked by the statement),
+    unless their dedup_key is held; returns the ids that went in."""
+    live_ids = any_(bindparam("live_target_ids", type_=ARRAY(_UUID)))
+    live = target_share_lock_live(_TENANT_ID, live_ids).cte("live_targets")
+    new = _rows()
+    selected = _insert_select(new, _TENANT_ID).select_from(new).where(_value(new, "target_id").in_(select(live.c.id)))
+    return _insert_if_new(selected).returning(jobs.c.id)
+
+
+@functools.cache
+def create_one_statement(key_checked: bool) -> DriverStatement:
+    """The single create with plain parameters (arrays of one cost more to encode than the
+    row), for the driver (app/db/driver.py), with its audit row.
     `key_checked`: the row goes in only if the API key (by hash) is live and is the audit
     row's key of this tenant, and the database's now() comes back with it (`db_now`)."""
-    tenant_id = bindparam("tenant_id", type_=_UUID)
-    conditions = [
-        targets.c.id == bindparam("target_id", type_=_UUID),
-        targets.c.tenant_id == tenant_id,
-        targets.c.deleted_at.is_(None),
-    ]
+    live = target_share_lock_live(_TENANT_ID, bindparam("target_id", type_=_UUID))
     if key_checked:
         # In the INSERT's own snapshot: a key revoked before it started creates nothing.
-        conditions.append(
+        live = live.where(
             exists().where(
                 api_keys.c.key_hash == bindparam("key_hash", type_=Text()),
                 api_keys.c.id == bindparam("audit_api_key_id", type_=_UUID),
-                api_keys.c.tenant_id == tenant_id,
+                api_keys.c.tenant_id == _TENANT_ID,
                 api_keys.c.revoked_at.is_(None),
             )
         )
-    live = select(targets.c.id).where(*conditions).with_for_update(read=True).cte("live_target")
+    live_target = live.cte("live_target")
     values: dict[str, ColumnElement[Any]] = {name: bindparam(name, type_=type_) for name, type_ in NEW_JOB_COLUMNS}
     values.update(
-        tenant_id=tenant_id,
+        tenant_id=_TENANT_ID,
         payload=cast(values["payload"], JSONB),
         state=cast(literal(JobState.SCHEDULED.value), job_state),
         run_at=values["scheduled_for"],
     )
     # One row when the target is live (and then share-locked), none otherwise.
-    selected = select(*(value.label(name) for name, value in values.items())).select_from(live)
-    created = (
-        insert(jobs)
-        .from_select(list(selected.selected_columns.keys()), selected)
-        .on_conflict_do_nothing(index_elements=[jobs.c.tenant_id, jobs.c.dedup_key], index_where=text(DEDUP_KEY_LIVE))
-        .returning(*jobs.c)
-        .cte("created")
-    )
+    selected = select(*(value.label(name) for name, value in values.items())).select_from(live_target)
+    created = _insert_if_new(selected).returning(*jobs.c).cte("created")
     # The audit row of the create, written by the same statement for the row that went in
     # (none when it did not): no round trip of its own, and it commits with the job.
     audit_row = select(
@@ -151,39 +143,33 @@ def _build_create_one(key_checked: bool = False) -> Any:
         .cte("audited")
     )
     columns = [*created.c, func.now().label("db_now")] if key_checked else list(created.c)
-    return select(*columns).add_cte(audited)
+    return DriverStatement(select(*columns).add_cte(audited))
 
 
 # Built once: every create hits SQLAlchemy's compiled cache and asyncpg's prepared statements.
-_INSERT_MANY = _build_insert_many()
-_CREATE_ONE = _build_create_one()
-# The API's single create runs on the driver's connection (app/db/driver.py).
-_CREATE_ONE_ON_DRIVER = DriverStatement(_CREATE_ONE)
-_CREATE_ONE_FOR_KEY = DriverStatement(_build_create_one(key_checked=True))
-_CREATE_MANY = _build_create_checked([jobs.c.id])
-_LIVE_TARGETS = select(targets.c.id).where(
-    targets.c.id == any_(bindparam("target_ids", type_=ARRAY(_UUID))),
-    targets.c.tenant_id == bindparam("tenant_id", type_=_UUID),
-    targets.c.deleted_at.is_(None),
-)
+_INSERT_MANY = insert_many_statement()
+_CREATE_ONE = create_one_statement(key_checked=False)
+_CREATE_ONE_FOR_KEY = create_one_statement(key_checked=True)
+_CREATE_MANY = create_many_statement()
+# What explains a miss (_why_not_created): the live targets among some, the holders of keys.
+_LIVE_TARGETS = select(targets.c.id).where(target_live(_TENANT_ID, any_(bindparam("target_ids", type_=ARRAY(_UUID)))))
 _DEDUP_HOLDERS = select(jobs.c.dedup_key, jobs.c.id).where(
-    jobs.c.tenant_id == bindparam("tenant_id", type_=_UUID),
+    jobs.c.tenant_id == _TENANT_ID,
     jobs.c.dedup_key == any_(bindparam("dedup_keys", type_=ARRAY(Text()))),
     jobs.c.state.not_in([s.value for s in TERMINAL_STATES]),
 )
 
 
-async def job_insert_many(conn: AsyncConnection, news: Sequence[NewJob]) -> list[RowMapping]:
-    """Inserts the jobs (all of one tenant); rows come back in the order of `news`."""
-    if not news:
+async def job_insert_many(conn: AsyncConnection, batch: Sequence[PreparedJob]) -> list[RowMapping]:
+    """Inserts the jobs (all of one tenant); rows come back in the order of `batch`."""
+    if not batch:
         return []
-    tenants = {new.tenant_id for new in news}
+    tenants = {job.new.tenant_id for job in batch}
     if len(tenants) != 1:
         raise ValueError("job_insert_many takes the jobs of one tenant")
-    prepared = [PreparedJob.of(new) for new in news]
-    rows = (await conn.execute(_INSERT_MANY, job_arrays(tenants.pop(), prepared))).mappings().all()
+    rows = (await conn.execute(_INSERT_MANY, job_arrays(tenants.pop(), batch))).mappings().all()
     by_id = {row["id"]: row for row in rows}
-    return [by_id[job.id] for job in prepared]
+    return [by_id[job.id] for job in batch]
 
 
 @dataclass(frozen=True)
@@ -216,7 +202,7 @@ async def job_create_checked(
     (nothing written)."""
     parameters = _create_one_parameters(tenant_id, job, audit)
     for _ in range(_CREATE_TRIES):
-        row = await driver_fetch_one(conn, _CREATE_ONE_ON_DRIVER, parameters)
+        row = await driver_fetch_one(conn, _CREATE_ONE, parameters)
         if row is not None:
             return row
         reasons = await _why_not_created(conn, tenant_id, [job])

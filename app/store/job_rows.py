@@ -17,7 +17,7 @@ from app.domain.job_plan import JobChanges
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule, ScheduleKind
-from app.keyring import SIGNING_SECRET, open_headers, open_sealed
+from app.keyring import SIGNING_SECRET, KeyRing
 from app.store.tables import jobs, targets
 
 _NOT_READ_ON_CLAIM = frozenset(
@@ -129,11 +129,12 @@ def policy_columns(policy: RetryPolicy) -> dict[str, Any]:
     }
 
 
-def claimed_from_row(row: RowMapping) -> ClaimedJob:
-    """A row read with CLAIMED_JOB_COLUMNS."""
+def claimed_from_row(row: RowMapping, key_ring: KeyRing) -> ClaimedJob:
+    """A row read with CLAIMED_JOB_COLUMNS; `key_ring` opens its target's secrets."""
     schedule = schedule_from_row(row)
     retry_on_status = row["retry_on_status"]
     target = _target_settings(
+        key_ring,
         row["url"],
         row["headers_json"],
         row["timeout_s"],
@@ -166,6 +167,7 @@ def claimed_from_row(row: RowMapping) -> ClaimedJob:
 
 @functools.lru_cache(maxsize=4096)
 def _target_settings(
+    key_ring: KeyRing,
     url: str,
     headers_json: str | None,
     timeout_s: float,
@@ -176,15 +178,15 @@ def _target_settings(
 ) -> dict[str, Any]:
     """A claimed job's target fields, the same for every job of one target version: opened
     (secrets and header values unsealed, app/keyring.py) once and shared by its jobs, which
-    never change them. Keyed by the stored values, so an edited or rotated target is a new
-    entry."""
+    never change them. Keyed by the stored values (and the ring, by identity), so an edited
+    or rotated target is a new entry."""
     return {
         "url": url,
-        "headers": open_headers((json.loads(headers_json) if headers_json else None) or {}),
+        "headers": key_ring.open_headers((json.loads(headers_json) if headers_json else None) or {}),
         "timeout_s": timeout_s,
-        "signing_secret": open_sealed(signing_secret, SIGNING_SECRET),
+        "signing_secret": key_ring.open(signing_secret, SIGNING_SECRET),
         "previous_signing_secret": (
-            None if previous_signing_secret is None else open_sealed(previous_signing_secret, SIGNING_SECRET)
+            None if previous_signing_secret is None else key_ring.open(previous_signing_secret, SIGNING_SECRET)
         ),
         "retry_on_status": None if retry_on_status is None else frozenset(retry_on_status),
         "target_max_in_flight": max_in_flight,

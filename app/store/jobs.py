@@ -1,5 +1,6 @@
 """Jobs, the API side: create, read, and the user's state changes (cancel, pause, resume,
-PATCH); the INSERTs are in job_inserts.py. The scheduler's and reaper's statements are in claims.py and outcomes.py.
+PATCH). The INSERTs are job_inserts.py's (a new job's row: job_rows_new.py); the scheduler's
+and the reaper's statements are claims.py's, lease_writes.py's, outcomes.py's and rescues.py's.
 
 Every statement that changes a job's state names the states it expects; one that matches no
 row means the job is in another state (or absent), which the caller reports.
@@ -15,10 +16,10 @@ from sqlalchemy import Text, and_, case, cast, func, literal, or_, select, updat
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.domain.job import NewJob
 from app.domain.states import CANCELLABLE_STATES, PAUSABLE_STATES, JobState
 from app.store.job_inserts import job_insert_many
 from app.store.job_rows import NO_LEASE
+from app.store.job_rows_new import PreparedJob
 from app.store.tables import job_state, jobs
 
 _NOW = select(func.now())
@@ -30,14 +31,15 @@ async def db_now(conn: AsyncConnection) -> dt.datetime:
     return value
 
 
-async def job_create(conn: AsyncConnection, new: NewJob) -> RowMapping:
-    (row,) = await job_insert_many(conn, [new])
+async def job_create(conn: AsyncConnection, job: PreparedJob) -> RowMapping:
+    """Inserts the job (its target share-locked by the caller)."""
+    (row,) = await job_insert_many(conn, [job])
     return row
 
 
-async def job_create_many(conn: AsyncConnection, news: list[NewJob]) -> list[RowMapping]:
-    """One INSERT (built once, app/store/job_inserts.py); rows come back in the order of `news`."""
-    return await job_insert_many(conn, news)
+async def job_create_many(conn: AsyncConnection, batch: list[PreparedJob]) -> list[RowMapping]:
+    """One INSERT (built once, app/store/job_inserts.py); rows come back in the order of `batch`."""
+    return await job_insert_many(conn, batch)
 
 
 async def job_get(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:

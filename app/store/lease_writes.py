@@ -2,7 +2,8 @@
 still running under that lease token, `_leased`), so a claim the reaper rescued, or a job
 cancelled meanwhile, is left as it is. Quarantine (a row the code cannot load), hand back (no
 POST was made), hand off (an occurrence to a child job) and settle (a misfire plan); the
-outcome of a delivery is app/store/outcomes.py's.
+outcome of a delivery is app/store/outcomes.py's. A write that matches no row lost a race:
+the caller logs it and moves on, never retries it blindly.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.quotas import LIMIT_FIELDS
-from app.store.tables import api_rate_buckets, jobs, targets, tenant_limits
+from app.store.tables import api_rate_buckets, jobs, tenant_limits
+from app.store.targets import target_live
 
 # Matches the predicate of the partial index ix_jobs_tenant_active.
 FINISHED_STATES = ("succeeded", "dead", "cancelled")
@@ -43,7 +44,7 @@ async def tenant_limits_set(conn: AsyncConnection, tenant_id: uuid.UUID, overrid
 
 
 async def tenant_count_targets(conn: AsyncConnection, tenant_id: uuid.UUID) -> int:
-    stmt = select(func.count()).where(targets.c.tenant_id == tenant_id, targets.c.deleted_at.is_(None))
+    stmt = select(func.count()).where(target_live(tenant_id))
     return int(await conn.scalar(stmt) or 0)
 
 

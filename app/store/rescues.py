@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.job import ClaimedJob
 from app.domain.states import JobState
+from app.keyring import KeyRing
 from app.settings import default_of
 from app.store.job_rows import CLAIMED_JOB_COLUMNS, claimed_from_row
 from app.store.tables import jobs, partition_leases, replicas, targets
@@ -102,6 +103,7 @@ class ExpiredLease:
 
 async def job_lock_expired_leases(
     conn: AsyncConnection,
+    key_ring: KeyRing,
     limit: int,
     margin_s: float = default_of("lease_margin_s"),
     fast: bool = default_of("dead_replica_fast_rescue"),
@@ -115,4 +117,4 @@ async def job_lock_expired_leases(
     """
     params = {"margin_s": margin_s, "fast": fast, "limit": limit}
     rows = (await conn.execute(_lock_expired_statement(), params)).mappings().all()
-    return [ExpiredLease(claimed_from_row(row), bool(row["owner_dead"])) for row in rows]
+    return [ExpiredLease(claimed_from_row(row, key_ring), bool(row["owner_dead"])) for row in rows]

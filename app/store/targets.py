@@ -12,14 +12,14 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Double, and_, func, literal, or_, select, update
+from sqlalchemy import ColumnElement, Double, Select, and_, any_, bindparam, func, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.signing import new_signing_secret
 from app.domain.states import TERMINAL_STATES, JobState
-from app.keyring import SIGNING_SECRET, open_sealed, seal, seal_headers
+from app.keyring import SIGNING_SECRET, KeyRing
 from app.store.tables import jobs, state_in, targets
 
 # Everything but the secret: reads never return it.
@@ -37,12 +37,32 @@ PUBLIC_COLUMNS = (
 )
 
 
-def _live(tenant_id: uuid.UUID, target_id: uuid.UUID) -> Any:
-    return and_(targets.c.id == target_id, targets.c.tenant_id == tenant_id, targets.c.deleted_at.is_(None))
+def target_live(tenant_id: Any, target_id: Any = None) -> ColumnElement[bool]:
+    """The live targets of the tenant (its own, not deleted), or among them the one(s)
+    `target_id` names: a value, a bind parameter, or `any_()` of an array of ids. The one
+    place the rule is written: reads, writes, quotas and the creates' INSERTs use it."""
+    live = and_(targets.c.tenant_id == tenant_id, targets.c.deleted_at.is_(None))
+    return live if target_id is None else and_(targets.c.id == target_id, live)
+
+
+def target_share_lock_live(tenant_id: Any, target_id: Any) -> Select[uuid.UUID]:
+    """The ids of the live targets `target_id` names (as target_live), share-locked for the
+    rest of the transaction. Job creation takes this lock (creations do not block each
+    other); deletion takes the exclusive lock first, so it sees every job created before it
+    and none is created after it."""
+    return select(targets.c.id).where(target_live(tenant_id, target_id)).with_for_update(read=True)
+
+
+# Built once: every create outside the single-statement path takes it (app/api/checks.py).
+_LOCK_LIVE_MANY = target_share_lock_live(
+    bindparam("tenant_id", type_=UUID(as_uuid=True)),
+    any_(bindparam("target_ids", type_=ARRAY(UUID(as_uuid=True)))),
+)
 
 
 async def target_create(
     conn: AsyncConnection,
+    key_ring: KeyRing,
     tenant_id: uuid.UUID,
     name: str,
     url: str,
@@ -60,12 +80,12 @@ async def target_create(
             tenant_id=tenant_id,
             name=name,
             url=url,
-            headers=seal_headers(headers),
+            headers=key_ring.seal_headers(headers),
             timeout_s=timeout_s,
             retry_on_status=retry_on_status,
             max_in_flight=max_in_flight,
             rate_per_s=rate_per_s,
-            signing_secret=seal(secret, SIGNING_SECRET),
+            signing_secret=key_ring.seal(secret, SIGNING_SECRET),
         )
         .returning(*PUBLIC_COLUMNS)
     )
@@ -74,14 +94,14 @@ async def target_create(
 
 
 async def target_get(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> RowMapping | None:
-    result = await conn.execute(select(*PUBLIC_COLUMNS).where(_live(tenant_id, target_id)))
+    result = await conn.execute(select(*PUBLIC_COLUMNS).where(target_live(tenant_id, target_id)))
     return result.mappings().one_or_none()
 
 
 async def target_list(
     conn: AsyncConnection, tenant_id: uuid.UUID, limit: int, after: tuple[dt.datetime, uuid.UUID] | None
 ) -> list[RowMapping]:
-    stmt = select(*PUBLIC_COLUMNS).where(targets.c.tenant_id == tenant_id, targets.c.deleted_at.is_(None))
+    stmt = select(*PUBLIC_COLUMNS).where(target_live(tenant_id))
     if after is not None:
         created, ident = after
         stmt = stmt.where(
@@ -92,43 +112,45 @@ async def target_list(
 
 
 async def target_update(
-    conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID, changes: dict[str, Any]
+    conn: AsyncConnection, key_ring: KeyRing, tenant_id: uuid.UUID, target_id: uuid.UUID, changes: dict[str, Any]
 ) -> RowMapping | None:
     if "rate_per_s" in changes:
         # A new rate starts with a full bucket.
         changes = {**changes, "rate_tokens": None, "rate_updated_at": None}
     if changes.get("headers"):
-        changes = {**changes, "headers": seal_headers(changes["headers"])}
+        changes = {**changes, "headers": key_ring.seal_headers(changes["headers"])}
     stmt = (
         update(targets)
-        .where(_live(tenant_id, target_id))
+        .where(target_live(tenant_id, target_id))
         .values(**changes, updated_at=func.now())
         .returning(*PUBLIC_COLUMNS)
     )
     return (await conn.execute(stmt)).mappings().one_or_none()
 
 
-async def target_get_signing_secret(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> str:
+async def target_get_signing_secret(
+    conn: AsyncConnection, key_ring: KeyRing, tenant_id: uuid.UUID, target_id: uuid.UUID
+) -> str:
     """The target's current secret, for replaying its create response (stored without it).
 
     Soft-deleted targets included, so a replay answers what the create answered.
     """
     stmt = select(targets.c.signing_secret).where(targets.c.id == target_id, targets.c.tenant_id == tenant_id)
     sealed: str = (await conn.execute(stmt)).scalar_one()
-    return open_sealed(sealed, SIGNING_SECRET)
+    return key_ring.open(sealed, SIGNING_SECRET)
 
 
 async def target_rotate_secret(
-    conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID, grace_s: float
+    conn: AsyncConnection, key_ring: KeyRing, tenant_id: uuid.UUID, target_id: uuid.UUID, grace_s: float
 ) -> str | None:
     """A new secret; the current one keeps signing alongside it for `grace_s` seconds."""
     secret = new_signing_secret()
     keep_previous = grace_s > 0
     stmt = (
         update(targets)
-        .where(_live(tenant_id, target_id))
+        .where(target_live(tenant_id, target_id))
         .values(
-            signing_secret=seal(secret, SIGNING_SECRET),
+            signing_secret=key_ring.seal(secret, SIGNING_SECRET),
             previous_signing_secret=targets.c.signing_secret if keep_previous else None,
             previous_secret_expires_at=func.now() + dt.timedelta(seconds=grace_s) if keep_previous else None,
             updated_at=func.now(),
@@ -152,13 +174,15 @@ async def target_count_active_jobs(conn: AsyncConnection, target_id: uuid.UUID) 
 
 
 async def target_lock_for_delete(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> bool:
-    stmt = select(targets.c.id).where(_live(tenant_id, target_id)).with_for_update()
+    stmt = select(targets.c.id).where(target_live(tenant_id, target_id)).with_for_update()
     return (await conn.execute(stmt)).first() is not None
 
 
 async def target_delete(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> bool:
     """Soft delete: finished jobs and their runs still refer to the target."""
-    stmt = update(targets).where(_live(tenant_id, target_id)).values(deleted_at=func.now()).returning(targets.c.id)
+    stmt = (
+        update(targets).where(target_live(tenant_id, target_id)).values(deleted_at=func.now()).returning(targets.c.id)
+    )
     return (await conn.execute(stmt)).first() is not None
 
 
@@ -169,21 +193,9 @@ async def target_lock_live(conn: AsyncConnection, tenant_id: uuid.UUID, target_i
 async def target_lock_live_many(
     conn: AsyncConnection, tenant_id: uuid.UUID, target_ids: Iterable[uuid.UUID]
 ) -> set[uuid.UUID]:
-    """Share-locks the live targets among `target_ids` for the rest of the transaction.
-
-    Job creation takes it (creations do not block each other); deletion takes the exclusive
-    lock first, so it sees every job created before it and none is created after it.
-    """
-    stmt = (
-        select(targets.c.id)
-        .where(
-            targets.c.id.in_(list(target_ids)),
-            targets.c.tenant_id == tenant_id,
-            targets.c.deleted_at.is_(None),
-        )
-        .with_for_update(read=True)
-    )
-    return set((await conn.execute(stmt)).scalars().all())
+    """Share-locks the live targets among `target_ids` (target_share_lock_live)."""
+    found = await conn.execute(_LOCK_LIVE_MANY, {"tenant_id": tenant_id, "target_ids": list(target_ids)})
+    return set(found.scalars().all())
 
 
 # Delivery limits. A target's token bucket holds at most one second's worth of tokens (at

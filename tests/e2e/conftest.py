@@ -11,13 +11,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
+from tests.conftest import TEST_KEY_RING
 from tests.e2e.test_processes import Processes
 
 
 @pytest.fixture
 async def scheduler(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Scheduler]:
     """One in-process scheduler replica, driven by the test through run_once()."""
-    sched = Scheduler(engine, SchedulerConfig.from_settings(settings))
+    sched = Scheduler(engine, SchedulerConfig.from_settings(settings), TEST_KEY_RING)
     try:
         yield sched
     finally:

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.store.claims import job_claim_due
 from app.store.jobs import db_now
 from app.store.tables import dead_letters, jobs, partition_leases, replicas, runs
+from tests.conftest import TEST_KEY_RING
 from tests.e2e.test_processes import Processes, base_env
 from tests.factories import expire_leases, make_jobs_bulk, make_tenant_and_target
 from tests.receiver import Receiver, Reply, wait_for
@@ -489,7 +490,7 @@ async def test_two_reapers_over_500_expired_leases_handle_each_exactly_once(
     last_chance = set(await make_jobs_bulk(engine, tenant, target, 250, max_attempts=1))
     with_retries = set(await make_jobs_bulk(engine, tenant, target, 250, max_attempts=3, backoff_base_s=60))
     async with engine.begin() as conn:
-        assert len(await job_claim_due(conn, "dead-replica", 500, 30)) == 500
+        assert len(await job_claim_due(conn, TEST_KEY_RING, "dead-replica", 500, 30)) == 500
 
     env = cluster_env(db_url, CRONHOOK_REAPER_BATCH_SIZE="25", CRONHOOK_REAPER_INTERVAL_S="0.05")
     procs.start("reaper-1", ["reaper"], env)

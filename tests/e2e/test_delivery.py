@@ -18,7 +18,7 @@ from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.jobs import db_now
-from tests.conftest import make_job, make_target
+from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
 
 
@@ -245,15 +245,15 @@ async def test_the_reaper_retries_a_delivery_whose_lease_expired(
     from app.store.claims import job_claim_due
 
     async with engine.begin() as conn:
-        (claimed,) = await job_claim_due(conn, "crashed-replica", 1, 0.5)
-    reaper = Reaper(engine, ReaperConfig(interval_s=0.1))
+        (claimed,) = await job_claim_due(conn, TEST_KEY_RING, "crashed-replica", 1, 0.5)
+    reaper = Reaper(engine, ReaperConfig(interval_s=0.1), TEST_KEY_RING)
 
     async def rescued() -> bool:
         await reaper.run_once()
         return (await get_job(client, auth, job["id"]))["state"] == "retrying"
 
     await wait_for(rescued, timeout=30, message="reaped")
-    sched = Scheduler(engine, SchedulerConfig.from_settings(settings))
+    sched = Scheduler(engine, SchedulerConfig.from_settings(settings), TEST_KEY_RING)
     try:
         await drive(sched, lambda: len(receiver.requests) == 1, message="redelivered")
     finally:
@@ -322,7 +322,9 @@ async def test_a_claim_too_old_to_trust_is_released_without_a_post(
     await scheduler.ownership.run_once()
     held = scheduler.ownership.held()
     async with engine.begin() as conn:
-        (claimed,) = await job_claim_due(conn, scheduler.config.replica_id, 1, scheduler.config.lease_s, held)
+        (claimed,) = await job_claim_due(
+            conn, TEST_KEY_RING, scheduler.config.replica_id, 1, scheduler.config.lease_s, held
+        )
     # As if the process had stalled since the claim for longer than the lease can cover.
     stalled_since = time_module.monotonic() - scheduler.config.lease_s
     await scheduler._deliver(claimed, held[claimed.partition], stalled_since)

@@ -23,6 +23,7 @@ from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.store.runs import run_list_for_job
 from app.store.tables import jobs
+from tests.conftest import TEST_KEY_RING
 from tests.e2e.test_delivery import drive
 from tests.e2e.test_processes import Processes, base_env, free_port, wait_until_ready
 from tests.factories import make_jobs, make_tenant_and_target
@@ -62,7 +63,7 @@ def scheduler_with(engine: AsyncEngine, allow: str) -> Scheduler:
         lease_margin_s=1,
         egress=parse_egress_allow(allow),
     )
-    return Scheduler(engine, config)
+    return Scheduler(engine, config, TEST_KEY_RING)
 
 
 async def job_to(engine: AsyncEngine, url: str) -> tuple[uuid.UUID, uuid.UUID]:

@@ -16,7 +16,7 @@ from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.settings import default_of
 from app.store.targets import target_create
-from tests.conftest import LOOPBACK_ALLOWED
+from tests.conftest import LOOPBACK_ALLOWED, TEST_KEY_RING
 from tests.e2e.test_processes import Processes, base_env
 from tests.factories import make_jobs, make_tenant_and_target
 from tests.receiver import Receiver, Reply, wait_for
@@ -28,7 +28,7 @@ def arrived(receiver: Receiver, path: str) -> int:
 
 async def add_target(engine: AsyncEngine, tenant_id: uuid.UUID, url: str, timeout_s: float) -> uuid.UUID:
     async with engine.begin() as conn:
-        row, _ = await target_create(conn, tenant_id, "t", url, {}, timeout_s)
+        row, _ = await target_create(conn, TEST_KEY_RING, tenant_id, "t", url, {}, timeout_s)
     target_id: uuid.UUID = row["id"]
     return target_id
 
@@ -82,7 +82,7 @@ async def capped_scheduler(engine: AsyncEngine) -> AsyncIterator[Scheduler]:
         lease_margin_s=1,
         egress=parse_egress_allow(LOOPBACK_ALLOWED),
     )
-    scheduler = Scheduler(engine, config)
+    scheduler = Scheduler(engine, config, TEST_KEY_RING)
     stop = asyncio.Event()
     task = asyncio.create_task(scheduler.run_forever(stop))
     try:

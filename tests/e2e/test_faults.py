@@ -19,6 +19,7 @@ from app.settings import Settings
 from app.store.claims import job_claim_due
 from app.store.jobs import db_now
 from app.store.tables import jobs, runs
+from tests.conftest import TEST_KEY_RING
 from tests.e2e.test_cluster import (
     cluster_env,
     count_jobs,
@@ -44,7 +45,7 @@ async def test_the_last_trust_check_runs_once_the_connection_is_in_hand_and_send
     tenant, target = await make_tenant_and_target(engine, receiver.url())
     await make_jobs(engine, tenant, target, 3)
     async with engine.begin() as conn:
-        first, second, third = await job_claim_due(conn, "me", 3, 30)
+        first, second, third = await job_claim_due(conn, TEST_KEY_RING, "me", 3, 30)
         now = await db_now(conn)
     dispatcher = Dispatcher(4, settings.max_target_timeout_s, settings.egress_policy)
     await dispatcher.start()

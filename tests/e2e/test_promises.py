@@ -19,7 +19,7 @@ from app.services.reaper import Reaper, ReaperConfig
 from app.services.scheduler import Scheduler
 from app.store.claims import job_claim_due
 from app.store.jobs import db_now
-from tests.conftest import make_job, make_target
+from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.e2e.test_delivery import drive, get_job, get_runs
 from tests.e2e.test_scheduling_semantics import run_without_waiting
 from tests.factories import expire_leases
@@ -184,7 +184,7 @@ async def test_max_in_flight_is_freed_when_the_reaper_takes_a_lease_back(
     held = await make_job(client, auth, target["id"], backoff_base_s=0.05, backoff_max_s=0.1)
     async with engine.begin() as conn:
         # A replica claims it and dies: its delivery counts against the limit...
-        (claimed,) = await job_claim_due(conn, "crashed-replica", 10, 30)
+        (claimed,) = await job_claim_due(conn, TEST_KEY_RING, "crashed-replica", 10, 30)
     assert str(claimed.id) == held["id"]
     waiting = await make_job(client, auth, target["id"])
     for _ in range(3):
@@ -193,7 +193,7 @@ async def test_max_in_flight_is_freed_when_the_reaper_takes_a_lease_back(
     assert (await get_job(client, auth, waiting["id"]))["state"] == "scheduled"
     # ...until its lease expires and the reaper takes it back: then both are delivered.
     await expire_leases(engine)
-    assert (await Reaper(engine, ReaperConfig()).run_once())["rescued"] == 1
+    assert (await Reaper(engine, ReaperConfig(), TEST_KEY_RING).run_once()).rescued == 1
 
     async def both_succeeded() -> bool:
         return all([await state_is(client, auth, j["id"], "succeeded") for j in (held, waiting)])

@@ -15,7 +15,7 @@ from app.domain.egress import parse_egress_allow
 from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.store.tables import jobs, targets
-from tests.conftest import LOOPBACK_ALLOWED, make_job, make_target
+from tests.conftest import LOOPBACK_ALLOWED, TEST_KEY_RING, make_job, make_target
 from tests.factories import make_jobs_bulk
 from tests.receiver import Receiver, Reply, wait_for
 
@@ -38,6 +38,7 @@ async def two_replicas(engine: AsyncEngine) -> AsyncIterator[list[Scheduler]]:
                 partition_renew_s=0.25,
                 egress=parse_egress_allow(LOOPBACK_ALLOWED),
             ),
+            TEST_KEY_RING,
         )
         for i in (1, 2)
     ]

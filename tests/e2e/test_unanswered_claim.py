@@ -17,6 +17,7 @@ from app.services.scheduler import Scheduler
 from app.store import claims
 from app.store.claims import job_claim_batch
 from app.store.tables import jobs, runs
+from tests.conftest import TEST_KEY_RING
 from tests.factories import make_jobs, make_tenant_and_target
 from tests.receiver import Receiver, wait_for
 
@@ -39,7 +40,7 @@ async def test_what_an_unanswered_claim_leased_is_handed_back_and_delivered_once
     (seen,) = await make_jobs(engine, tenant, target, 1)
     async with engine.connect() as conn:
         await conn.execution_options(isolation_level="AUTOCOMMIT")
-        answered = await job_claim_batch(conn, owner, 10, scheduler.config.lease_s)
+        answered = await job_claim_batch(conn, TEST_KEY_RING, owner, 10, scheduler.config.lease_s)
     assert [job.id for job in answered.jobs] == [seen]
     scheduler.claim_answers.answered(answered)
 

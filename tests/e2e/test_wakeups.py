@@ -18,7 +18,7 @@ from app.services.due_listener import DueListener
 from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
-from tests.conftest import make_job, make_target
+from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.receiver import Receiver, wait_for
 
 # Longer than any wait below: a delivery within a test's deadline came from a wake-up, not a poll.
@@ -29,7 +29,7 @@ LONG_POLL_S = 60.0
 async def sleepy_scheduler(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Scheduler]:
     """A scheduler running its loop (run_forever) with a one-minute poll interval."""
     config = dataclasses.replace(SchedulerConfig.from_settings(settings), poll_interval_s=LONG_POLL_S)
-    scheduler = Scheduler(engine, config)
+    scheduler = Scheduler(engine, config, TEST_KEY_RING)
     stop = asyncio.Event()
     task = asyncio.create_task(scheduler.run_forever(stop))
     try:

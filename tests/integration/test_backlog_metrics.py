@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.partition import PARTITION_COUNT, partition_for
 from app.metrics import exposition, sample_value
-from app.services.backlog import BacklogSampler
+from app.services.backlog import BacklogSample, BacklogSampler
 from app.store.tables import targets
 from tests.conftest import make_job, make_target
 
@@ -47,7 +47,7 @@ async def test_backlog_counts_due_jobs_and_held_back_ones_apart(
     await make_job(client, auth, free["id"], delay_s=3600)  # not due
 
     sampler = BacklogSampler(engine, AllPartitions(list(range(PARTITION_COUNT))))
-    assert await sampler.run_once() == {"partitions": PARTITION_COUNT, "due": 3, "held_back": 2}
+    assert await sampler.run_once() == BacklogSample(partitions=PARTITION_COUNT, due=3, held_back=2)
     assert (_gauge("cronhook_due_backlog"), _gauge("cronhook_due_held_back")) == (3, 2)
     assert _gauge("cronhook_oldest_due_age_seconds") > 3600  # due since 2020
     assert _gauge("cronhook_partitions_owned") == PARTITION_COUNT
@@ -55,6 +55,6 @@ async def test_backlog_counts_due_jobs_and_held_back_ones_apart(
     # Only the partitions this replica owns count: here, the first free job's.
     first = partition_for(uuid.UUID(due[0]["id"]))
     expected = sum(partition_for(uuid.UUID(job["id"])) == first for job in due)
-    counts = await BacklogSampler(engine, AllPartitions([first])).run_once()
-    assert counts["due"] == expected and _gauge("cronhook_due_backlog") == expected
+    sample = await BacklogSampler(engine, AllPartitions([first])).run_once()
+    assert sample.due == expected and _gauge("cronhook_due_backlog") == expected
     assert _gauge("cronhook_partitions_owned") == 1

@@ -22,6 +22,7 @@ from app.store.claims import job_claim_due
 from app.store.partitions import replica_heartbeat
 from app.store.rescues import job_lock_expired_leases, replica_session_name
 from app.store.tables import replicas
+from tests.conftest import TEST_KEY_RING
 from tests.factories import make_jobs, make_tenant_and_target
 
 TARGET_TIMEOUT_S = 5.0
@@ -47,7 +48,7 @@ async def claimed_by_lapsed_replica(engine: AsyncEngine, heartbeat_age_s: float,
     await make_jobs(engine, tenant, target, 1)
     async with engine.begin() as conn:
         await replica_heartbeat(conn, replica_id, 60)
-        (job,) = await job_claim_due(conn, replica_id, 1, 600)
+        (job,) = await job_claim_due(conn, TEST_KEY_RING, replica_id, 1, 600)
         await conn.execute(
             update(replicas)
             .where(replicas.c.id == replica_id)
@@ -62,7 +63,7 @@ async def claimed_by_lapsed_replica(engine: AsyncEngine, heartbeat_age_s: float,
 
 async def rescuable(engine: AsyncEngine, fast: bool = True) -> list[tuple[str, bool]]:
     async with engine.begin() as conn:
-        leases = await job_lock_expired_leases(conn, 100, margin_s=MARGIN_S, fast=fast)
+        leases = await job_lock_expired_leases(conn, TEST_KEY_RING, 100, margin_s=MARGIN_S, fast=fast)
     return [(lease.job.lease_owner or "", lease.owner_dead) for lease in leases]
 
 
@@ -122,5 +123,5 @@ async def test_a_live_heartbeat_is_never_death_even_without_a_session(engine: As
     await make_jobs(engine, tenant, target, 1)
     async with engine.begin() as conn:
         await replica_heartbeat(conn, replica_id, 60)
-        await job_claim_due(conn, replica_id, 1, 600)
+        await job_claim_due(conn, TEST_KEY_RING, replica_id, 1, 600)
     assert await rescuable(engine) == []

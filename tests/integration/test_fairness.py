@@ -14,8 +14,10 @@ from app.domain.job import ClaimedJob, NewJob
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import OnceSchedule
 from app.store.claims import job_claim_batch
+from app.store.job_rows_new import PreparedJob
 from app.store.jobs import db_now, job_create_many
 from app.store.targets import target_create
+from tests.conftest import TEST_KEY_RING
 from tests.factories import make_jobs, make_tenant_and_target
 
 UNUSED = "http://127.0.0.1:9/unused"
@@ -23,7 +25,7 @@ UNUSED = "http://127.0.0.1:9/unused"
 
 async def claim(engine: AsyncEngine, limit: int, shares: ClaimShares | None) -> list[ClaimedJob]:
     async with engine.begin() as conn:
-        return (await job_claim_batch(conn, "r", limit, 30, shares=shares)).jobs
+        return (await job_claim_batch(conn, TEST_KEY_RING, "r", limit, 30, shares=shares)).jobs
 
 
 async def test_a_tenant_at_its_share_is_skipped_however_deep_its_older_backlog(engine: AsyncEngine) -> None:
@@ -33,7 +35,7 @@ async def test_a_tenant_at_its_share_is_skipped_however_deep_its_older_backlog(e
         due = await db_now(conn) - dt.timedelta(minutes=1)
         backlog = NewJob(noisy, noisy_target, None, {}, 0, OnceSchedule(due), due, RetryPolicy(3, 1.0, 4.0))
         for _ in range(3):  # asyncpg takes at most 32,767 parameters a statement
-            await job_create_many(conn, [backlog] * 1000)
+            await job_create_many(conn, [PreparedJob.of(backlog, "{}") for _ in range(1000)])
     (quiet_job,) = await make_jobs(engine, quiet, quiet_target, 1, due_in_s=-1)
 
     # Without shares the oldest jobs fill the batch (priority aging), the quiet job waits.
@@ -64,7 +66,7 @@ async def test_a_target_without_max_in_flight_gets_its_free_default_slots_and_an
 ) -> None:
     tenant, capped = await make_tenant_and_target(engine, UNUSED)
     async with engine.begin() as conn:
-        row, _ = await target_create(conn, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=9)
+        row, _ = await target_create(conn, TEST_KEY_RING, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=9)
     explicit: uuid.UUID = row["id"]
     await make_jobs(engine, tenant, capped, 20, due_in_s=-10)
     await make_jobs(engine, tenant, explicit, 20, due_in_s=-5)
@@ -88,7 +90,7 @@ async def test_a_tenant_short_of_share_keeps_its_highest_priority_jobs(engine: A
             NewJob(tenant, target, None, {}, priority, OnceSchedule(now), now, RetryPolicy(3, 1.0, 4.0))
             for priority in (4, 9, 0, 7, 2, 8)
         ]
-        ids = [row["id"] for row in await job_create_many(conn, news)]
+        ids = [row["id"] for row in await job_create_many(conn, [PreparedJob.of(new, "{}") for new in news])]
     priority_of = dict(zip(ids, (4, 9, 0, 7, 2, 8), strict=True))
     claimed = await claim(engine, 10, ClaimShares(tenant_free={tenant: 3}, tenant_share=50, target_cap=50))
     assert sorted(priority_of[job.id] for job in claimed) == [7, 8, 9]
@@ -116,13 +118,13 @@ async def test_a_scheduler_session_on_generic_plans_claims_the_same_and_plans_th
         async with scheduler_engine.begin() as conn:
             assert await conn.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"
             full = ClaimShares(tenant_free={noisy: 0}, tenant_share=10, target_cap=50)
-            skipping = await job_claim_batch(conn, "r", 10, 30, held, shares=full)
+            skipping = await job_claim_batch(conn, TEST_KEY_RING, "r", 10, 30, held, shares=full)
             # The claim that skips full tenants is planned for its parameters (its generic
             # plan is the worse one), for this transaction only.
             assert await conn.scalar(text("SHOW plan_cache_mode")) == "auto"
         assert [job.id for job in skipping.jobs] == [quiet_job]
         async with scheduler_engine.begin() as conn:
-            plain = await job_claim_batch(conn, "r", 10, 30, held, shares=ClaimShares(tenant_share=10))
+            plain = await job_claim_batch(conn, TEST_KEY_RING, "r", 10, 30, held, shares=ClaimShares(tenant_share=10))
             assert await conn.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"
         assert sorted(job.id for job in plain.jobs) == sorted(noisy_jobs)
     finally:
@@ -133,7 +135,9 @@ async def tenant_with_limited_target(engine: AsyncEngine, max_in_flight: int) ->
     """A tenant with a target on the default share and one with its own `max_in_flight`."""
     tenant, default = await make_tenant_and_target(engine, UNUSED)
     async with engine.begin() as conn:
-        row, _ = await target_create(conn, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=max_in_flight)
+        row, _ = await target_create(
+            conn, TEST_KEY_RING, tenant, "own-limit", UNUSED, {}, 2.0, max_in_flight=max_in_flight
+        )
     return tenant, default, row["id"]
 
 
@@ -160,14 +164,16 @@ async def test_the_schedulers_autocommit_claim_commits_its_leases_and_keeps_targ
     try:
         async with scheduler_engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            batch = await job_claim_batch(conn, "r", 100, 30, held, shares=ClaimShares(tenant_share=100, target_cap=5))
+            batch = await job_claim_batch(
+                conn, TEST_KEY_RING, "r", 100, 30, held, shares=ClaimShares(tenant_share=100, target_cap=5)
+            )
             assert Counter(job.target_id for job in batch.jobs) == {capped: 5, explicit: 9}
             assert conn.sync_connection is not None
             assert conn.sync_connection.get_execution_options()["isolation_level"] == "AUTOCOMMIT"
             # A full tenant: the skipping claim plans afresh in a transaction of its own, and
             # the session stays on generic plans.
             full = ClaimShares(tenant_free={tenant: 0}, tenant_share=100, target_cap=5)
-            assert (await job_claim_batch(conn, "r", 100, 30, held, shares=full)).jobs == []
+            assert (await job_claim_batch(conn, TEST_KEY_RING, "r", 100, 30, held, shares=full)).jobs == []
             assert await conn.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"
         # Committed: another session sees the leases, and the limited target at its limit.
         async with engine.connect() as other:
@@ -176,7 +182,9 @@ async def test_the_schedulers_autocommit_claim_commits_its_leases_and_keeps_targ
         assert counts == {capped: 5, explicit: 9}
         async with scheduler_engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            more = await job_claim_batch(conn, "r", 100, 30, held, shares=ClaimShares(tenant_share=100, target_cap=20))
+            more = await job_claim_batch(
+                conn, TEST_KEY_RING, "r", 100, 30, held, shares=ClaimShares(tenant_share=100, target_cap=20)
+            )
         assert Counter(job.target_id for job in more.jobs) == {capped: 15}, "the limited target is full"
     finally:
         await scheduler_engine.dispose()

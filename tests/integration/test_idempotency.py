@@ -20,7 +20,7 @@ from app.settings import Settings
 from app.store.idempotency import idempotency_key_claim, idempotency_key_purge_expired
 from app.store.tables import idempotency_keys, jobs, targets
 from app.store.tenants import api_key_authenticate
-from tests.conftest import make_target, new_tenant
+from tests.conftest import TEST_KEY_RING, make_target, new_tenant
 
 URL = "http://127.0.0.1:9/hook"
 
@@ -302,5 +302,5 @@ async def test_the_reaper_purges_keys_past_24_hours(
             .where(idempotency_keys.c.key == "stale")
             .values(created_at=func.now() - dt.timedelta(hours=25))
         )
-    assert (await Reaper(engine, ReaperConfig()).run_once())["idempotency_keys_purged"] == 1
+    assert (await Reaper(engine, ReaperConfig(), TEST_KEY_RING).run_once()).idempotency_keys_purged == 1
     assert [row["key"] for row in await key_rows(engine)] == ["fresh"]

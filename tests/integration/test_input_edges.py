@@ -17,7 +17,7 @@ from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.claims import job_claim_due
 from app.store.tables import jobs
-from tests.conftest import make_job, make_target
+from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.problems import row_counts
 from tests.receiver import wait_for
 
@@ -83,7 +83,7 @@ async def test_max_attempts_cannot_drop_to_the_attempts_made_while_a_retry_is_pe
     # The pending retry is claimable without breaking attempt <= max_attempts.
     async with engine.begin() as conn:
         await conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(run_at=text("now()")))
-        (claimed,) = await job_claim_due(conn, "r", 10, 30)
+        (claimed,) = await job_claim_due(conn, TEST_KEY_RING, "r", 10, 30)
     assert claimed.attempt == 2
     # A new schedule starts a fresh occurrence: any max_attempts of 1 or more is fine then.
     other = await make_job(client, auth, target["id"], delay_s=3600, max_attempts=5)
@@ -176,7 +176,7 @@ async def test_a_row_the_scheduler_cannot_load_is_paused_and_the_rest_are_delive
         )
         await conn.execute(update(jobs).where(jobs.c.id.in_([broken["id"], legacy["id"]])).values(run_at=text("now()")))
     async with engine.begin() as conn:
-        claimed = await job_claim_due(conn, "r", 10, 30)
+        claimed = await job_claim_due(conn, TEST_KEY_RING, "r", 10, 30)
     assert sorted(str(job.id) for job in claimed) == sorted([healthy["id"], legacy["id"]])
     (loaded,) = [job for job in claimed if str(job.id) == legacy["id"]]
     assert loaded.recurrence is not None and (loaded.recurrence.bounds.start_at, loaded.recurrence.bounds.end_at) == (
@@ -247,7 +247,7 @@ async def test_numbers_and_booleans_must_be_json_numbers_and_booleans(
     if path == "/v1/dead-letters/replay":
         # A dead letter a valid replay would turn into a job.
         await make_job(client, auth, target["id"], max_attempts=1)
-        scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
+        scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings), TEST_KEY_RING)
 
         async def dead_lettered() -> bool:
             await scheduler.run_once()

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.claims import job_claim_due
 from app.store.tables import jobs
-from tests.conftest import make_job, make_target
+from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.problems import assert_problem
 
 
@@ -23,7 +23,7 @@ async def post(client: httpx.AsyncClient, auth: dict[str, str], path: str, **kwa
 
 async def claim_all(engine: AsyncEngine) -> list[str]:
     async with engine.begin() as conn:
-        return [str(job.id) for job in await job_claim_due(conn, "r", 100, 30)]
+        return [str(job.id) for job in await job_claim_due(conn, TEST_KEY_RING, "r", 100, 30)]
 
 
 def ts(value: str) -> dt.datetime:

@@ -9,15 +9,18 @@ from collections import Counter
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.domain.job import AttemptOutcome, FinishedAttempt
+from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
-from app.services.reaper import Reaper, ReaperConfig
+from app.services.reaper import Reaper, ReaperConfig, ReaperPass, RetentionPass
 from app.store.claims import job_claim_due
 from app.store.lease_writes import job_release_claim
 from app.store.outcomes import job_finish_attempts
 from app.store.tables import dead_letters, jobs, runs
 from app.store.targets import target_get_signing_secret, target_rotate_secret, target_update
+from tests.conftest import TEST_KEY_RING
 from tests.factories import expire_leases, make_jobs, make_tenant_and_target
+
+NOTHING_RETAINED = RetentionPass(dead_letters_deleted=0, runs_deleted=0, jobs_deleted=0)
 
 
 async def states(engine: AsyncEngine) -> Counter[str]:
@@ -33,7 +36,7 @@ async def test_concurrent_claims_are_disjoint_and_skip_future_jobs(engine: Async
 
     async def claim(owner: str) -> list[str]:
         async with engine.begin() as conn:
-            return [str(j.id) for j in await job_claim_due(conn, owner, 25, 30)]
+            return [str(j.id) for j in await job_claim_due(conn, TEST_KEY_RING, owner, 25, 30)]
 
     batches = await asyncio.gather(*(claim(f"replica-{i}") for i in range(4)))
     claimed = [job_id for batch in batches for job_id in batch]
@@ -46,23 +49,18 @@ async def test_a_stale_lease_cannot_record_an_outcome(engine: AsyncEngine) -> No
     tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
     await make_jobs(engine, tenant, target, 1, max_attempts=3)
     async with engine.begin() as conn:
-        (first,) = await job_claim_due(conn, "slow-replica", 10, 30)
+        (first,) = await job_claim_due(conn, TEST_KEY_RING, "slow-replica", 10, 30)
     # The slow replica's lease expires; the reaper hands the job back and another claims it.
     await expire_leases(engine)
-    assert await Reaper(engine, ReaperConfig()).run_once() == {
-        "rescued": 1,
-        "dead_lettered": 0,
-        "idempotency_keys_purged": 0,
-        "dead_letters_deleted": 0,
-        "runs_deleted": 0,
-        "jobs_deleted": 0,
-    }
+    assert await Reaper(engine, ReaperConfig(), TEST_KEY_RING).run_once() == ReaperPass(
+        rescued=1, dead_lettered=0, idempotency_keys_purged=0, retention=NOTHING_RETAINED
+    )
     async with engine.begin() as conn:
         await conn.execute(jobs.update().values(run_at=func.now()).where(jobs.c.state == "retrying"))
-        (second,) = await job_claim_due(conn, "fast-replica", 10, 30)
+        (second,) = await job_claim_due(conn, TEST_KEY_RING, "fast-replica", 10, 30)
     assert second.attempt == 2 and second.lease_token != first.lease_token
 
-    success = AttemptOutcome("success", 200)
+    success = AttemptOutcome(RunOutcome.SUCCESS, 200)
     step = after_attempt(first.attempt_context(), True, first.claimed_at, random.Random(1))
     async with engine.begin() as conn:
         assert await job_finish_attempts(conn, [FinishedAttempt(first, success, step)]) == set()  # fenced
@@ -81,16 +79,16 @@ async def test_two_reapers_handle_each_expired_lease_exactly_once(engine: AsyncE
     retryable = await make_jobs(engine, tenant, target, 150, max_attempts=3)
     exhausted = await make_jobs(engine, tenant, target, 50, max_attempts=1)
     async with engine.begin() as conn:
-        assert len(await job_claim_due(conn, "doomed", 500, 30)) == 200
+        assert len(await job_claim_due(conn, TEST_KEY_RING, "doomed", 500, 30)) == 200
     await expire_leases(engine)
 
-    reapers = [Reaper(engine, ReaperConfig(batch_size=40)) for _ in range(2)]
+    reapers = [Reaper(engine, ReaperConfig(batch_size=40), TEST_KEY_RING) for _ in range(2)]
     totals: Counter[str] = Counter()
     while True:
         results = await asyncio.gather(*(r.run_once() for r in reapers))
         for result in results:
-            totals.update(result)
-        if all(sum(r.values()) == 0 for r in results):
+            totals.update(rescued=result.rescued, dead_lettered=result.dead_lettered)
+        if all(result == ReaperPass(0, 0, 0, NOTHING_RETAINED) for result in results):
             break
     assert totals == Counter({"rescued": 150, "dead_lettered": 50})
     assert (await states(engine)) == Counter({"retrying": 150, "dead": 50})
@@ -106,15 +104,8 @@ async def test_reaper_leaves_live_leases_alone(engine: AsyncEngine) -> None:
     tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
     await make_jobs(engine, tenant, target, 3)
     async with engine.begin() as conn:
-        await job_claim_due(conn, "alive", 10, 30)
-    assert await Reaper(engine, ReaperConfig()).run_once() == {
-        "rescued": 0,
-        "dead_lettered": 0,
-        "idempotency_keys_purged": 0,
-        "dead_letters_deleted": 0,
-        "runs_deleted": 0,
-        "jobs_deleted": 0,
-    }
+        await job_claim_due(conn, TEST_KEY_RING, "alive", 10, 30)
+    assert await Reaper(engine, ReaperConfig(), TEST_KEY_RING).run_once() == ReaperPass(0, 0, 0, NOTHING_RETAINED)
     assert (await states(engine)) == Counter({"running": 3})
 
 
@@ -122,13 +113,13 @@ async def test_a_stale_and_a_current_outcome_in_one_batch_write_one_run(engine: 
     tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
     await make_jobs(engine, tenant, target, 1, max_attempts=3)
     async with engine.begin() as conn:
-        (stale,) = await job_claim_due(conn, "stalled", 10, 30)
+        (stale,) = await job_claim_due(conn, TEST_KEY_RING, "stalled", 10, 30)
     await expire_leases(engine)
-    await Reaper(engine, ReaperConfig()).run_once()
+    await Reaper(engine, ReaperConfig(), TEST_KEY_RING).run_once()
     async with engine.begin() as conn:
         await conn.execute(jobs.update().values(run_at=func.now()).where(jobs.c.state == "retrying"))
-        (current,) = await job_claim_due(conn, "live", 10, 30)
-    success = AttemptOutcome("success", 200)
+        (current,) = await job_claim_due(conn, TEST_KEY_RING, "live", 10, 30)
+    success = AttemptOutcome(RunOutcome.SUCCESS, 200)
     items = [
         FinishedAttempt(job, success, after_attempt(job.attempt_context(), True, job.claimed_at, random.Random(1)))
         for job in (stale, current, current)  # the current one handed over twice, too
@@ -145,7 +136,7 @@ async def test_releasing_a_claim_gives_the_attempt_back(engine: AsyncEngine) -> 
     (job_id,) = await make_jobs(engine, tenant, target, 1, max_attempts=1)
     for _ in range(2):  # released twice, still claimable with its single attempt
         async with engine.begin() as conn:
-            (claimed,) = await job_claim_due(conn, "stalled", 10, 30)
+            (claimed,) = await job_claim_due(conn, TEST_KEY_RING, "stalled", 10, 30)
             assert claimed.attempt == 1
             assert await job_release_claim(conn, claimed) is True
             assert await job_release_claim(conn, claimed) is False  # already released
@@ -162,17 +153,18 @@ async def test_a_claimed_job_carries_its_targets_settings_as_they_are_at_the_cla
     tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/a")
     await make_jobs(engine, tenant, target, 2)
     async with engine.begin() as conn:
-        first = await job_claim_due(conn, "r1", 10, 30)
-        secret = await target_get_signing_secret(conn, tenant, target)
+        first = await job_claim_due(conn, TEST_KEY_RING, "r1", 10, 30)
+        secret = await target_get_signing_secret(conn, TEST_KEY_RING, tenant, target)
     assert [(j.url, j.headers, j.retry_on_status, j.signing_secret) for j in first] == [
         ("http://127.0.0.1:9/a", {}, None, secret)
     ] * 2
     async with engine.begin() as conn:
         changes = {"url": "http://127.0.0.1:9/b", "headers": {"X-Team": "blue"}, "retry_on_status": [418]}
-        await target_update(conn, tenant, target, changes)
-        new_secret = await target_rotate_secret(conn, tenant, target, grace_s=60)
+        await target_update(conn, TEST_KEY_RING, tenant, target, changes)
+        new_secret = await target_rotate_secret(conn, TEST_KEY_RING, tenant, target, grace_s=60)
     await make_jobs(engine, tenant, target, 1)
     async with engine.begin() as conn:
-        (second,) = await job_claim_due(conn, "r1", 10, 30)
-    assert (second.url, second.headers, second.retry_on_status) == ("http://127.0.0.1:9/b", {"X-Team": "blue"}, {418})
+        (second,) = await job_claim_due(conn, TEST_KEY_RING, "r1", 10, 30)
+    expected = ("http://127.0.0.1:9/b", {"X-Team": "blue"}, frozenset({418}))
+    assert (second.url, second.headers, second.retry_on_status) == expected
     assert (second.signing_secret, second.previous_signing_secret) == (new_secret, secret)

@@ -21,7 +21,7 @@ from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.tables import jobs
-from tests.conftest import make_job, make_target
+from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.problems import assert_problem, row_counts
 from tests.receiver import wait_for
 
@@ -170,7 +170,7 @@ async def test_paging_through_targets_runs_and_dead_letters_has_no_gaps_or_repea
             .where(jobs.c.id == uuid.UUID(recurring["id"]))
             .values(schedule_anchor_at=past, scheduled_for=past, run_at=past)
         )
-    scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
+    scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings), TEST_KEY_RING)
 
     async def settled() -> bool:
         await scheduler.run_once()

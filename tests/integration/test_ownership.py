@@ -19,6 +19,7 @@ from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.claims import job_claim_due
 from app.store.tables import jobs, partition_leases, replicas
+from tests.conftest import TEST_KEY_RING
 from tests.factories import make_jobs, make_tenant_and_target
 from tests.receiver import Receiver
 
@@ -53,14 +54,14 @@ def test_a_replica_not_yet_in_the_list_counts_itself() -> None:
 
 async def test_a_lone_replica_takes_every_partition_then_shares_them_when_another_joins(engine: AsyncEngine) -> None:
     a, b = ownership(engine, "a"), ownership(engine, "b")
-    assert (await a.run_once())["held"] == PARTITION_COUNT
+    assert (await a.run_once()).held == PARTITION_COUNT
     first = await owners(engine)
     assert {owner for owner, _ in first.values()} == {"a"} and {e for _, e in first.values()} == {1}
 
     # b joins with nothing free; a sheds its surplus on its next round; b then takes it.
-    assert (await b.run_once())["held"] == 0
-    assert (await a.run_once())["released"] == PARTITION_COUNT // 2
-    assert (await b.run_once())["acquired"] == PARTITION_COUNT // 2
+    assert (await b.run_once()).held == 0
+    assert (await a.run_once()).released == PARTITION_COUNT // 2
+    assert (await b.run_once()).acquired == PARTITION_COUNT // 2
     after = await owners(engine)
     assert Counter(owner for owner, _ in after.values()) == {"a": 128, "b": 128}
     for partition, (owner, epoch) in after.items():
@@ -82,16 +83,16 @@ async def test_an_expired_owner_is_replaced_under_a_higher_epoch_and_its_claims_
         await conn.execute(update(partition_leases).values(expires_at=past))
         await conn.execute(update(replicas).values(expires_at=past))
     heir = ownership(engine, "heir")
-    assert (await heir.run_once())["acquired"] == PARTITION_COUNT
+    assert (await heir.run_once()).acquired == PARTITION_COUNT
     assert all(epoch == 2 for _, epoch in (await owners(engine)).values())
 
     # The stale replica still believes its view: the claim statement itself refuses it.
     async with engine.begin() as conn:
-        assert await job_claim_due(conn, "stalled", 100, 30, stale_view) == []
-        claimed = await job_claim_due(conn, "heir", 100, 30, heir.held())
+        assert await job_claim_due(conn, TEST_KEY_RING, "stalled", 100, 30, stale_view) == []
+        claimed = await job_claim_due(conn, TEST_KEY_RING, "heir", 100, 30, heir.held())
     assert len(claimed) == 20
     # And it cannot renew or release what it no longer owns.
-    assert (await stalled.run_once())["held"] == 0
+    assert (await stalled.run_once()).held == 0
     assert {owner for owner, _ in (await owners(engine)).values()} == {"heir"}
 
 
@@ -100,12 +101,14 @@ async def test_a_replica_past_its_trust_deadline_claims_nothing_and_posts_nothin
 ) -> None:
     tenant, target = await make_tenant_and_target(engine, receiver.url())
     await make_jobs(engine, tenant, target, 5)
-    scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
+    scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings), TEST_KEY_RING)
     try:
         await scheduler.ownership.run_once()
         held = scheduler.ownership.held()
         async with engine.begin() as conn:
-            claimed = await job_claim_due(conn, scheduler.config.replica_id, 5, scheduler.config.lease_s, held)
+            claimed = await job_claim_due(
+                conn, TEST_KEY_RING, scheduler.config.replica_id, 5, scheduler.config.lease_s, held
+            )
         # The renewals stopped (a pause, a partition from the database) and the deadline passed.
         scheduler.ownership._trusted_until = time.monotonic() - 0.001
         assert scheduler.ownership.held() == {}
@@ -121,7 +124,7 @@ async def test_a_replica_past_its_trust_deadline_claims_nothing_and_posts_nothin
 
 
 async def test_close_releases_partitions_and_leaves_the_cluster(engine: AsyncEngine, settings: Settings) -> None:
-    scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
+    scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings), TEST_KEY_RING)
     await scheduler.run_once()
     assert (await owners(engine))[0][0] == settings.replica_id
     await scheduler.close()
@@ -130,7 +133,7 @@ async def test_close_releases_partitions_and_leaves_the_cluster(engine: AsyncEng
         # Gone from the live members (the row stays, expired, so the reaper sees it died).
         assert (await conn.execute(select(replicas).where(replicas.c.expires_at > func.now()))).all() == []
     # Another replica takes everything at once instead of waiting for leases to expire.
-    assert (await ownership(engine, "next").run_once())["acquired"] == PARTITION_COUNT
+    assert (await ownership(engine, "next").run_once()).acquired == PARTITION_COUNT
 
 
 async def test_cluster_view_needs_the_admin_key_and_shows_replicas_partitions_and_lag(

@@ -12,7 +12,9 @@ from app.domain.job import NewJob
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import OnceSchedule
 from app.store.claims import job_claim_batch
+from app.store.job_rows_new import PreparedJob
 from app.store.jobs import db_now, job_create_many
+from tests.conftest import TEST_KEY_RING
 from tests.factories import make_tenant_and_target
 
 
@@ -31,14 +33,14 @@ async def add_jobs(engine: AsyncEngine, jobs: list[tuple[int, float]]) -> list[u
         for priority, due_in_s in jobs:
             fire = now + dt.timedelta(seconds=due_in_s)
             news.append(NewJob(tenant, target, None, {}, priority, OnceSchedule(fire), fire, RetryPolicy(3, 1.0, 4.0)))
-        return [row["id"] for row in await job_create_many(conn, news)]
+        return [row["id"] for row in await job_create_many(conn, [PreparedJob.of(new, "{}") for new in news])]
 
 
 async def claim_order(engine: AsyncEngine, count: int, aging_s: float) -> list[uuid.UUID]:
     order = []
     for _ in range(count):
         async with engine.begin() as conn:
-            claimed = (await job_claim_batch(conn, "r", 1, 30, aging_s=aging_s)).jobs
+            claimed = (await job_claim_batch(conn, TEST_KEY_RING, "r", 1, 30, aging_s=aging_s)).jobs
         order.extend(job.id for job in claimed)
     return order
 
@@ -75,7 +77,7 @@ async def test_a_batch_takes_the_best_jobs_even_when_one_level_holds_more_than_t
     jobs = [(1, -600.0 - i) for i in range(40)] + [(8, -1.0 - i / 100) for i in range(40)]
     ids = await add_jobs(engine, jobs)
     async with engine.begin() as conn:
-        claimed = {job.id for job in (await job_claim_batch(conn, "r", limit, 30, aging_s=60)).jobs}
+        claimed = {job.id for job in (await job_claim_batch(conn, TEST_KEY_RING, "r", limit, 30, aging_s=60)).jobs}
     # Priority 1 due 600+ s ago is worth 11+ (the oldest most): they outrank the fresh 8s.
     expected = sorted(range(80), key=lambda i: -effective_priority(jobs[i][0], -jobs[i][1], 60))[:limit]
     assert claimed == {ids[i] for i in expected}

@@ -18,6 +18,7 @@ from app.settings import Settings
 from app.store.jobs import db_now
 from app.store.runs import run_insert_many
 from app.store.tables import dead_letters, jobs, runs
+from tests.conftest import TEST_KEY_RING
 from tests.factories import backdate, every, make_jobs, make_tenant_and_target
 from tests.receiver import Receiver, Reply, wait_for
 
@@ -34,7 +35,7 @@ async def count(engine: AsyncEngine, table: Any, *conditions: Any) -> int:
 
 
 async def deliver_all(engine: AsyncEngine, settings: Settings, ids: list[uuid.UUID], state: str) -> None:
-    scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings))
+    scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings), TEST_KEY_RING)
     try:
 
         async def settled() -> bool:
@@ -62,21 +63,23 @@ async def test_finished_jobs_past_retention_go_with_their_runs_and_dead_letters_
     await backdate(engine, jobs.c.finished_at, recent, days=settings.retention_days - 1)
     assert await count(engine, runs, runs.c.job_id.in_(old)) == 3
 
-    counts = await Reaper(engine, ReaperConfig.from_settings(settings)).run_once()
-    assert counts["jobs_deleted"] == 3 and counts["dead_letters_deleted"] == 0
+    counts = await Reaper(engine, ReaperConfig.from_settings(settings), TEST_KEY_RING).run_once()
+    assert counts.retention.jobs_deleted == 3 and counts.retention.dead_letters_deleted == 0
     assert set(await job_states(engine, old + dead + recent + waiting)) == set(dead + recent + waiting)
     assert await count(engine, runs, runs.c.job_id.in_(old)) == 0, "runs go with their job"
     # A dead job is kept while its dead letter is: dead letters stay until deleted by default.
     assert await count(engine, dead_letters, dead_letters.c.job_id.in_(dead)) == 2
-    assert (await Reaper(engine, ReaperConfig.from_settings(settings)).run_once())["jobs_deleted"] == 0
+    assert (
+        await Reaper(engine, ReaperConfig.from_settings(settings), TEST_KEY_RING).run_once()
+    ).retention.jobs_deleted == 0
 
     # With a dead-letter retention, old dead letters go, then their dead jobs.
     async with engine.connect() as conn:
         letters = list((await conn.execute(select(dead_letters.c.id))).scalars())
     await backdate(engine, dead_letters.c.created_at, letters, days=8)
     config = ReaperConfig(dead_letter_retention_days=7, retention_days=settings.retention_days)
-    counts = await Reaper(engine, config).run_once()
-    assert counts["dead_letters_deleted"] == 2 and counts["jobs_deleted"] == 2
+    counts = await Reaper(engine, config, TEST_KEY_RING).run_once()
+    assert counts.retention.dead_letters_deleted == 2 and counts.retention.jobs_deleted == 2
     assert set(await job_states(engine, old + dead + recent + waiting)) == set(recent + waiting)
 
 
@@ -109,10 +112,10 @@ async def test_deletes_run_in_batches_and_a_recurring_job_keeps_its_newest_runs(
                 )
             ).scalars()
         )
-    reaper = Reaper(engine, ReaperConfig(runs_kept_per_job=kept, retention_batch_size=batch))
+    reaper = Reaper(engine, ReaperConfig(runs_kept_per_job=kept, retention_batch_size=batch), TEST_KEY_RING)
     deleted = []
     for _ in range(10):  # bounded: 150 surplus runs in batches of 60
-        deleted.append((await reaper.run_once())["runs_deleted"])
+        deleted.append((await reaper.run_once()).retention.runs_deleted)
         if await count(engine, runs, runs.c.job_id == busy) == kept:
             break
     assert max(deleted) <= batch and sum(deleted) == 150

@@ -17,7 +17,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.keyring import (
     SIGNING_SECRET,
     KeyRingError,
-    install_key_ring,
     load_key_file,
     new_key_entry,
     parse_key_ring,
@@ -68,18 +67,14 @@ async def test_rotating_the_sealing_key_reseals_everything_and_the_old_key_can_g
     target = await make_target(client, auth, "http://127.0.0.1:9/hook", headers={"X-Token": "abc123"})
     new_entry = new_key_entry("k2")
     ring = parse_key_ring(f"{new_entry},{TEST_SECRET_KEYS}")
-    try:
-        install_key_ring(ring)
-        assert await target_secrets_reseal(engine, ring, everything=True) == 1
-        assert await target_secrets_reseal(engine, ring, everything=True) == 0  # nothing left to do
-        secret, headers = await _stored(engine)
-        assert sealed_key_id(secret) == "k2" and sealed_key_id(headers["X-Token"]) == "k2"
-        only_new = parse_key_ring(new_entry)
-        assert only_new.open(secret, SIGNING_SECRET) == target["secret"]
-        with pytest.raises(KeyRingError, match="no key 'k2'"):
-            parse_key_ring(TEST_SECRET_KEYS).open(secret, SIGNING_SECRET)
-    finally:
-        install_key_ring(parse_key_ring(TEST_SECRET_KEYS))
+    assert await target_secrets_reseal(engine, ring, everything=True) == 1
+    assert await target_secrets_reseal(engine, ring, everything=True) == 0  # nothing left to do
+    secret, headers = await _stored(engine)
+    assert sealed_key_id(secret) == "k2" and sealed_key_id(headers["X-Token"]) == "k2"
+    only_new = parse_key_ring(new_entry)
+    assert only_new.open(secret, SIGNING_SECRET) == target["secret"]
+    with pytest.raises(KeyRingError, match="no key 'k2'"):
+        parse_key_ring(TEST_SECRET_KEYS).open(secret, SIGNING_SECRET)
 
 
 async def test_start_up_seals_rows_stored_in_the_clear(
@@ -91,6 +86,7 @@ async def test_start_up_seals_rows_stored_in_the_clear(
     runtime = Runtime(settings)
     try:
         await runtime.start(migrate=True)
+        assert runtime.key_ring.primary_id == "test1"  # loaded once, handed down from here
     finally:
         await runtime.stop()
     assert target["secret"] not in await _dump(engine) and "abc123" not in await _dump(engine)
@@ -109,7 +105,8 @@ async def test_start_up_refuses_a_key_ring_that_cannot_open_stored_secrets(
             await runtime.start(migrate=False)
     finally:
         await runtime.stop()
-        install_key_ring(parse_key_ring(TEST_SECRET_KEYS))
+    with pytest.raises(KeyRingError, match="no key ring loaded"):
+        runtime.key_ring  # noqa: B018 (refused: no ring was accepted)
 
 
 def test_the_generated_key_file_is_private_and_stable(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.engine import create_engine
 from app.store.claims import job_claim_due
 from app.store.tables import jobs
-from tests.conftest import make_job, make_target
+from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.receiver import wait_for
 
 
@@ -40,7 +40,7 @@ async def test_rows_locked_by_a_stalled_transaction_are_claimable_after_the_time
 
         async def claimable() -> bool:
             async with engine.begin() as other:
-                claimed.extend(str(j.id) for j in await job_claim_due(other, "survivor", 10, 30))
+                claimed.extend(str(j.id) for j in await job_claim_due(other, TEST_KEY_RING, "survivor", 10, 30))
             return bool(claimed)
 
         async def stalled_session_alive() -> bool:

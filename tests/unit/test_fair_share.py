@@ -44,14 +44,17 @@ def test_giving_back_wakes_the_scheduler_once_half_a_full_share_is_free_and_forg
 
 def test_after_a_claim_that_filled_a_share_the_scheduler_waits_for_slots_rather_than_claim_again() -> None:
     from app.db.engine import create_engine
-    from app.services.scheduler import HELD_BACK_WAIT_S, Scheduler
+    from app.services.scheduler import HELD_BACK_WAIT_S, ClaimPass, Scheduler
     from app.services.scheduler_config import SchedulerConfig
+    from tests.conftest import TEST_KEY_RING
 
     # Built without I/O: no connection is made.
-    scheduler = Scheduler(create_engine("postgresql://nobody@127.0.0.1:9/none"), SchedulerConfig("r"))
+    scheduler = Scheduler(create_engine("postgresql://nobody@127.0.0.1:9/none"), SchedulerConfig("r"), TEST_KEY_RING)
     # A full batch with no share filled: more is probably due, claim at once.
-    assert scheduler.idle_wait_s({"requested": 100, "claimed": 100, "some_full": 0}) == 0.0
+    assert scheduler.idle_wait_s(ClaimPass(requested=100, claimed=100, in_flight=100)) == 0.0
     # A full batch that filled a tenant's (or target's) share: the next claim would skip its
     # jobs, so wait for its slots to free up (the wake event), at most HELD_BACK_WAIT_S.
-    assert scheduler.idle_wait_s({"requested": 100, "claimed": 100, "some_full": 1}) == HELD_BACK_WAIT_S
-    assert scheduler.idle_wait_s({"requested": 100, "claimed": 40, "some_full": 1}) >= HELD_BACK_WAIT_S
+    full = ClaimPass(requested=100, claimed=100, in_flight=100, some_full=True)
+    assert scheduler.idle_wait_s(full) == HELD_BACK_WAIT_S
+    short = ClaimPass(requested=100, claimed=40, in_flight=40, some_full=True)
+    assert scheduler.idle_wait_s(short) >= HELD_BACK_WAIT_S

@@ -1,10 +1,11 @@
 """Every statement in app/store that changes a job's state, checked against the transition
 table (app/domain/states.py), so the table is the reference the store follows, not decoration.
 
-STATE_CHANGES lists, per function holding a job UPDATE (or calling a helper that holds it),
-the states its WHERE clause accepts and the states it may leave the job in, using the same
-state constants the store uses. The walk over app/store's source fails when an UPDATE of
-jobs appears that the table does not cover.
+STATE_CHANGES lists, per function holding a job UPDATE (or calling a helper that holds it,
+in its own module or imported from another store module, as the claim's statements are), the
+states its WHERE clause accepts and the states it may leave the job in, using the same state
+constants the store uses. The walk over app/store's source fails when an UPDATE of jobs
+appears that the table does not cover.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     ("jobs", "job_resume"): ((S.PAUSED,), (S.SCHEDULED, S.RETRYING)),
     # PATCH: a new schedule or new bounds make a waiting job scheduled (a paused one stays paused).
     ("jobs", "job_update"): (CHANGEABLE_STATES, (S.SCHEDULED,)),
+    # The claim's statements are built in claim_statements.py and run by claims.py.
     ("claims", "job_claim_batch"): (CLAIMABLE_STATES, (S.RUNNING,)),
     # Leases a limited target's candidates once it has their delivery slots.
     ("claims", "_lease_limited"): (CLAIMABLE_STATES, (S.RUNNING,)),
@@ -61,13 +63,26 @@ def test_every_state_change_in_the_store_is_an_allowed_transition(
                 assert after in TRANSITIONS[before], f"{where}: {before} -> {after} is not in TRANSITIONS"
 
 
+def _store_imports(tree: ast.Module) -> dict[str, tuple[str, str]]:
+    """The names a store module imports from other store modules: name -> (module, function)."""
+    imported = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app.store."):
+            for alias in node.names:
+                imported[alias.asname or alias.name] = (node.module.removeprefix("app.store."), alias.name)
+    return imported
+
+
 def _job_updates() -> tuple[set[tuple[str, str]], dict[tuple[str, str], set[tuple[str, str]]]]:
-    """The store's functions that hold an UPDATE of jobs, and who calls each function."""
+    """The store's functions that hold an UPDATE of jobs, and who calls each function (a
+    call of an imported function counts where that function is defined)."""
     updating: set[tuple[str, str]] = set()
     callers: dict[tuple[str, str], set[tuple[str, str]]] = {}
     for path in sorted(Path(app.store.__file__).parent.glob("*.py")):
         module = path.stem
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        imported = _store_imports(tree)
+        for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
@@ -81,7 +96,8 @@ def _job_updates() -> tuple[set[tuple[str, str]], dict[tuple[str, str], set[tupl
                     if func.attr == "update":
                         updating.add((module, node.name))
                 if isinstance(func, ast.Name):
-                    callers.setdefault((module, func.id), set()).add((module, node.name))
+                    callee = imported.get(func.id, (module, func.id))
+                    callers.setdefault(callee, set()).add((module, node.name))
     return updating, callers
 
 

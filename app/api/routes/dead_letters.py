@@ -27,8 +27,10 @@ from app.api.schemas.jobs import JobPublic, RunPublic, job_public
 from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
 from app.domain.job import NewJob
 from app.domain.job_plan import plan_one_off
+from app.domain.payload import payload_json
 from app.store import dead_letters as store
 from app.store.job_rows import policy_from_row
+from app.store.job_rows_new import PreparedJob
 from app.store.jobs import db_now, job_create, job_create_many
 from app.store.pagination import decode_time_id_cursor
 from app.store.targets import target_lock_live, target_lock_live_many
@@ -101,10 +103,10 @@ async def replay_dead_letters(
     now = await db_now(conn)
     # Staggered due times cap the rate across every scheduler replica, with no extra state.
     due = [now + dt.timedelta(seconds=i / body.rate_per_s) for i in range(len(rows))]
-    created = await job_create_many(
-        conn,
-        [_replay_job(tenant_id, row, row["payload"], row["target_id"], at) for row, at in zip(rows, due, strict=True)],
-    )
+    replays = [
+        _replay_job(tenant_id, row, row["payload"], row["target_id"], at) for row, at in zip(rows, due, strict=True)
+    ]
+    created = await job_create_many(conn, [PreparedJob.of(new, payload_json(new.payload)) for new in replays])
     await store.dead_letter_mark_replayed(
         conn, tenant_id, [(row["id"], job["id"]) for row, job in zip(rows, created, strict=True)]
     )
@@ -131,12 +133,13 @@ async def replay_dead_letter(
     overrides = body.model_dump(exclude_unset=True) if body is not None else {}
     payload = overrides.get("payload", row["payload"])
     target_id = overrides.get("target_id") or row["target_id"]
-    ensure_payload_fits(payload, settings)
+    payload_text = ensure_payload_fits(payload, settings)
     await ensure_room_for_jobs(conn, quotas, tenant_id, 1)
     if not await target_lock_live(conn, tenant_id, target_id):
         detail = "no such target" if "target_id" in overrides else "the target was deleted; pass another target_id"
         raise Problem(422, detail, slug="validation", field="target_id")
-    job = await job_create(conn, _replay_job(tenant_id, row, payload, target_id, await db_now(conn)))
+    new = _replay_job(tenant_id, row, payload, target_id, await db_now(conn))
+    job = await job_create(conn, PreparedJob.of(new, payload_text))
     await store.dead_letter_mark_replayed(conn, tenant_id, [(row["id"], job["id"])])
     return job_public(job)
 

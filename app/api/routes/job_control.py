@@ -15,9 +15,11 @@ from app.api.errors import Problem
 from app.api.quota_checks import ensure_job_within_quotas, ensure_room_for_jobs
 from app.api.schemas.jobs import JobPublic, JobUpdate, job_public
 from app.domain.job_plan import plan_one_off, plan_update
+from app.domain.payload import payload_json
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
 from app.store import jobs as store
 from app.store.job_rows import job_change_columns, policy_from_row, recurrence_from_row, schedule_from_row
+from app.store.job_rows_new import PreparedJob
 from app.store.targets import target_lock_live
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Audited])
@@ -79,7 +81,7 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn, quotas
         due=await store.db_now(conn),
         parent_job_id=row["id"],
     )
-    return job_public(await store.job_create(conn, new))
+    return job_public(await store.job_create(conn, PreparedJob.of(new, payload_json(new.payload))))
 
 
 @router.patch("/{job_id}", operation_id="updateJob")

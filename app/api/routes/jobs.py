@@ -63,8 +63,9 @@ async def create_job(
     request: Request,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    # The reference path (most creates are answered by JobCreateRoute's quick branch). Round trips without a key: the key look-up (with the clock), then one INSERT that
-    # share-locks the target and honours dedup_key, both in autocommit.
+    # The reference path (most creates are answered by JobCreateRoute's quick branch). Round
+    # trips without a key: the key look-up (with the clock), then one INSERT that share-locks
+    # the target and honours dedup_key, both in autocommit.
     idempotent = IdempotentRequest(conn, creator.tenant_id, "POST /v1/jobs", idempotency_key, body)
     if (replay := await idempotent.begin()) is not None:
         # The replay is audited too (with no object), in the key's transaction.

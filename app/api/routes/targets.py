@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from app.api.audit import Audited, set_audit_object
-from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
+from app.api.deps import Conn, KeyRingDep, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.schemas.pages import Page, page_of
@@ -55,6 +55,7 @@ async def create_target(
     conn: Conn,
     settings: SettingsDep,
     quotas: QuotasDep,
+    key_ring: KeyRingDep,
     request: Request,
     response: Response,
     idempotency_key: IdempotencyKey = None,
@@ -63,7 +64,7 @@ async def create_target(
     if (replay := await idempotent.begin()) is not None:
         # Stored without the secret; the replay carries the target's current one.
         replayed = TargetPublic.model_validate(replay.apply(response))
-        current_secret = await store.target_get_signing_secret(conn, tenant_id, replayed.id)
+        current_secret = await store.target_get_signing_secret(conn, key_ring, tenant_id, replayed.id)
         return TargetWithSecret(**replayed.model_dump(), secret=current_secret)
     _check_timeout(settings, body.timeout_s)
     await _check_egress(settings, body.url)
@@ -77,6 +78,7 @@ async def create_target(
         )
     row, secret = await store.target_create(
         conn,
+        key_ring,
         tenant_id,
         name=body.name,
         url=body.url,
@@ -114,7 +116,12 @@ async def get_target(target_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> T
 
 @router.patch("/{target_id}", operation_id="updateTarget")
 async def update_target(
-    target_id: uuid.UUID, body: TargetUpdate, tenant_id: TenantId, conn: Conn, settings: SettingsDep
+    target_id: uuid.UUID,
+    body: TargetUpdate,
+    tenant_id: TenantId,
+    conn: Conn,
+    settings: SettingsDep,
+    key_ring: KeyRingDep,
 ) -> TargetPublic:
     changes: dict[str, Any] = body.model_dump(exclude_unset=True)
     for field in ("name", "url", "timeout_s"):
@@ -127,7 +134,7 @@ async def update_target(
     if not changes:
         row = await store.target_get(conn, tenant_id, target_id)
     else:
-        row = await store.target_update(conn, tenant_id, target_id, changes)
+        row = await store.target_update(conn, key_ring, tenant_id, target_id, changes)
     if row is None:
         raise Problem(404, NOT_FOUND, slug="not-found")
     return target_public(row)
@@ -151,13 +158,13 @@ async def delete_target(target_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -
 
 @router.post("/{target_id}/rotate-secret", operation_id="rotateTargetSecret")
 async def rotate_secret(
-    target_id: uuid.UUID, tenant_id: TenantId, conn: Conn, body: TargetRotate | None = None
+    target_id: uuid.UUID, tenant_id: TenantId, conn: Conn, key_ring: KeyRingDep, body: TargetRotate | None = None
 ) -> TargetSecret:
     """A new signing secret. The previous one keeps signing alongside it (a second signature
     in `webhook-signature`) for `grace_s` seconds, so receivers can switch without dropping
     deliveries."""
     grace_s = (body or TargetRotate()).grace_s
-    secret = await store.target_rotate_secret(conn, tenant_id, target_id, grace_s)
+    secret = await store.target_rotate_secret(conn, key_ring, tenant_id, target_id, grace_s)
     if secret is None:
         raise Problem(404, NOT_FOUND, slug="not-found")
     return TargetSecret(id=target_id, secret=secret)

@@ -1,6 +1,8 @@
-"""A new job's column layout: the columns an INSERT of new jobs sets, in one order, and a
-job's values in that order (a tuple per job, the parts jobs share built once), transposed into
-one typed array per column for the batch INSERTs of app/store/job_inserts.py."""
+"""A new job as a row, beside job_rows.py (rows read back): the columns an INSERT of new jobs
+sets, in one order, and a job's values in that order (a tuple per job, the parts jobs share
+built once), transposed into one typed array per column for the INSERTs of
+app/store/job_inserts.py. The payload arrives as text, encoded above the store
+(app/domain/payload.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from sqlalchemy.sql.type_api import TypeEngine
 from app.domain.job import NewJob
 from app.domain.occurrences import Recurrence
 from app.domain.partition import partition_for
-from app.domain.payload import payload_json
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import EARLIEST_RUN_AT, OnceSchedule, Schedule
 from app.ids import new_id, new_ids
@@ -83,15 +84,16 @@ ALWAYS_ARRAYS = frozenset({"id", "partition", "occurrence_id"})
 
 @dataclass(frozen=True)
 class PreparedJob:
-    """A job about to be inserted: its new id and its payload already serialised."""
+    """A job about to be inserted: its new id, and its payload as the JSON text stored
+    (app/domain/payload.py: payload_json, or encode_within with the size limit)."""
 
     id: uuid.UUID
     new: NewJob
     payload: str
 
     @classmethod
-    def of(cls, new: NewJob, payload: str | None = None, job_id: uuid.UUID | None = None) -> PreparedJob:
-        return cls(job_id or new_id(), new, payload_json(new.payload) if payload is None else payload)
+    def of(cls, new: NewJob, payload: str, job_id: uuid.UUID | None = None) -> PreparedJob:
+        return cls(job_id or new_id(), new, payload)
 
 
 COLUMN_NAMES = tuple(name for name, _ in NEW_JOB_COLUMNS)
