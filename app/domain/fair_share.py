@@ -1,7 +1,7 @@
 """Fair shares of one scheduler's delivery slots: how many more deliveries each tenant, and
 each target without a max_in_flight of its own, may start now. Pure bookkeeping, no I/O:
 the scheduler counts a slot when it claims a job and gives it back when the POST is
-answered; the claim statement (app/store/claims.py) takes the result as bind parameters.
+answered; the claim statement (app/store/claim_statements.py) takes the result as bind parameters.
 
 Slots are never reserved: a free slot goes to whichever due job ranks first, so a quiet
 tenant's share is used by busy ones. But no tenant holds more than `tenant_share` slots at

@@ -1,4 +1,4 @@
-"""Job priority with aging: the rule the claim statement (app/store/claims.py) orders by.
+"""Job priority with aging: the rule the claim statement (app/store/claim_statements.py) orders by.
 
 A due job's effective priority is its priority (0-9, higher first) plus one level for every
 `aging_s` seconds (CRONHOOK_PRIORITY_AGING_S) it has waited past its due time. So among jobs due together the higher

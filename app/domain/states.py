@@ -1,7 +1,7 @@
 """The job state machine: one enum and the table of allowed transitions.
 
 Every UPDATE that changes a job's state names the states it expects in its WHERE clause
-(app/store/jobs.py, claims.py, outcomes.py). This table is the reference those statements
+(app/store/jobs.py, claim_statements.py, lease_writes.py, outcomes.py). This table is the reference those statements
 follow: tests/unit/test_state_changes.py checks each of them against it.
 """
 

@@ -1,6 +1,6 @@
 """Jobs, the API side: create, read, and the user's state changes (cancel, pause, resume,
 PATCH). The INSERTs are job_inserts.py's (a new job's row: job_rows_new.py); the scheduler's
-and the reaper's statements are claims.py's, lease_writes.py's, outcomes.py's and rescues.py's.
+and the reaper's statements are claim_statements.py's, claims.py's, lease_writes.py's, outcomes.py's and rescues.py's.
 
 Every statement that changes a job's state names the states it expects; one that matches no
 row means the job is in another state (or absent), which the caller reports.

@@ -99,7 +99,7 @@ RENDERED: tuple[Rendered, ...] = (
     Rendered("db_now", jobs, "_NOW"),
     Rendered("target_lock_live_many", targets, "_LOCK_LIVE_MANY"),
     Rendered("api_rate_take", quotas, "API_RATE_TAKE"),
-    Rendered("api_key_authenticate", tenants, "_AUTHENTICATE_ON_DRIVER"),
+    Rendered("api_key_authenticate", tenants, "API_KEY_AUTHENTICATE"),
     Rendered("audit_append", audit, "AUDIT_APPEND"),
 )
 

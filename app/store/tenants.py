@@ -149,13 +149,13 @@ _AUTHENTICATE = select(api_keys.c.tenant_id, api_keys.c.id, func.now().label("no
 )
 
 
-_AUTHENTICATE_ON_DRIVER = DriverStatement(_AUTHENTICATE)
+API_KEY_AUTHENTICATE = DriverStatement(_AUTHENTICATE)
 
 
 async def api_key_caller(conn: AsyncConnection, key: str) -> Caller | None:
     """The tenant and key id of this key with the database's now(), or None for an unknown or
     revoked key. Never cached: a revocation holds for the next request on every replica."""
-    row = await driver_fetch_one(conn, _AUTHENTICATE_ON_DRIVER, {"key_hash": hash_api_key(key)})
+    row = await driver_fetch_one(conn, API_KEY_AUTHENTICATE, {"key_hash": hash_api_key(key)})
     return None if row is None else Caller(row["tenant_id"], row["id"], row["now"])
 
 
