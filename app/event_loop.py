@@ -1,6 +1,6 @@
 """The event loop the CLI roles run on: uvloop where it is installed (Linux, macOS), else
 asyncio's own. uvloop's transports and timers cost about half of asyncio's pure-Python
-selector loop per delivery (bench/README.md)."""
+selector loop per delivery (bench/log/2026-11-23-scheduler-work.md)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 both driven by the peers' load generator (loadgen.py: K keep-alive connections, one request in
 flight on each) in the same run, on one embedded PostgreSQL (a fresh database each).
 
-Order: ceiling, cronhook, (cronhook batch), ceiling again; the ratio is against the mean of the
-two ceiling runs, because this box's speed drifts over minutes. Each run: --warmup requests,
+Order: ceiling, cronhook, (cronhook batch), ceiling again (unless --no-bracket); the ratio is
+against the mean of the ceiling runs, because this box's speed drifts over minutes. Each run: --warmup requests,
 then --requests measured ones. Jobs are due a day ahead, so a `cronhook up` scheduler has
 nothing to deliver meanwhile.
 
@@ -14,7 +14,8 @@ whole loadgen run and divided by all its requests (warm-up included).
 
 --batch-items N also measures `POST /v1/jobs/batch` ({"jobs": [...]}, N jobs per request,
 --batch-connections at once) in jobs/s; when the endpoint answers 404/405 it is reported as
-skipped. --profile DIR records py-spy on cronhook during its single-create run (and its batch run).
+skipped. --profile DIR records py-spy on cronhook during its single-create run (and its batch
+run). Exit 1 when cronhook answered anything but a 2xx.
 
     .venv/bin/python bench/api_compare.py                          # cronhook api, 32 connections
     .venv/bin/python bench/api_compare.py --cronhook-cmd "cronhook up" --batch-items 1000
@@ -31,27 +32,30 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from dispatch import percentile, positive_int
 from harness import (
     BATCH_PATH,
-    Profiler,
     Service,
     add_service_args,
+    add_yardstick_args,
     batch_body,
     free_port,
-    last_json_line,
     load_peer,
+    parse_args,
     parse_env,
-    print_profile,
+    percentile,
+    positive_int,
+    print_result,
     run_bench,
     stop_process,
     tree_cpu_s,
     wait_until_quiet,
 )
+from profiles import brief, print_profile, profiled
 
 DAY_S = 86_400.0
 
@@ -167,7 +171,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         return measured(out, cpu() - cpu0, tree_cpu_s(pg_pid) - pg0)
 
     try:
-        for name in ("ceiling", "cronhook", "ceiling_2"):
+        for name in ("ceiling", "cronhook", "ceiling_2") if args.bracket else ("ceiling", "cronhook"):
             dsn = server.create_database(name)
             if name.startswith("ceiling"):
                 ceiling = Ceiling(api_python, peers, dsn, workdir / f"{name}.log")
@@ -179,32 +183,23 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 print(f"{name}: {fig}")
                 continue
             service = Service(args.cronhook_cmd, dsn, workdir / "cronhook.log", parse_env(args.env))
-            profiler: Profiler | None = None
             try:
                 service.start()
                 target_id = service.create_target("http://127.0.0.1:9/never")
                 # Not measured: children still importing (cronhook up's schedulers).
                 settled = wait_until_quiet(service.cpu_s)
                 print(f"cronhook quiet after {settled:.1f} s")
-                if args.profile:
-                    profiler = Profiler(Path(args.profile), "api-create", service.pid)
-                fig = drive(service.base_url, service.api_key, target_id, service.cpu_s)
-                if profiler is not None:
-                    result["profile"] = profiler.stop()
-                    profiler = None
+                with profiled(args.profile, "api-create", service.pid) as profile:
+                    fig = drive(service.base_url, service.api_key, target_id, service.cpu_s)
+                result["profile"] = profile
                 result["runs"]["cronhook"] = fig
                 print(f"cronhook ({args.cronhook_cmd}): {fig}")
                 if args.batch_items:
-                    if args.profile:
-                        profiler = Profiler(Path(args.profile), "api-batch", service.pid)
-                    result["batch"] = asyncio.run(batch_run(service, target_id, args, pg_pid))
-                    if profiler is not None:
-                        result["batch_profile"] = profiler.stop()
-                        profiler = None
+                    with profiled(args.profile, "api-batch", service.pid) as profile:
+                        result["batch"] = asyncio.run(batch_run(service, target_id, args, pg_pid))
+                    result["batch_profile"] = profile
                     print(f"cronhook batch: {result['batch']}")
             finally:
-                if profiler is not None:
-                    profiler.stop()
                 service.stop()
     finally:
         server.stop()
@@ -222,7 +217,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return result
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--connections", type=positive_int, default=32, help="keep-alive connections (32)")
     parser.add_argument("--warmup", type=positive_int, default=200, help="unmeasured requests first (200)")
@@ -231,25 +226,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-requests", type=positive_int, default=41, help="batch requests (the first untimed)")
     parser.add_argument("--batch-connections", type=positive_int, default=4, help="batch requests in flight")
     parser.add_argument("--deadline", type=float, default=240.0, help="seconds per loadgen run before giving up")
-    add_service_args(parser, "cronhook api")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--no-bracket",
+        dest="bracket",
+        action="store_false",
+        help="run the ceiling once, before cronhook (not after too)",
+    )
+    add_service_args(parser, "cronhook api", partitions=False)
+    add_yardstick_args(parser)
+    smoke = {"connections": 4, "warmup": 5, "requests": 40, "batch_items": 10, "batch_requests": 3, "deadline": 30.0}
+    return parse_args(parser, argv, smoke | {"bracket": False})
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
     result = run_bench("cronhook-api-compare-", lambda workdir: run(args, workdir))
     for key, title in (("profile", "cronhook during single creates"), ("batch_profile", "cronhook during batches")):
         profile = result.pop(key, None)
         if profile:
             print_profile(title, profile)
-            result[key] = {k: v for k, v in profile.items() if k != "inclusive_pct"}
+            result[key] = brief(profile)
     ratio = result.get("ratio_vs_ceiling", {})
     print(
         f"cronhook {result['runs'].get('cronhook', {}).get('creates_per_s')} creates/s = "
         f"{ratio.get('creates_per_s')} x the API ceiling (spread {result.get('ceiling_spread')})"
     )
-    last_json_line(result)
-    return 0
+    print_result(result)
+    return 0 if answered_well(result) else 1
+
+
+def answered_well(result: dict[str, Any]) -> bool:
+    """cronhook created jobs, and every answer it gave was a 2xx."""
+    mine = result["runs"].get("cronhook", {})
+    statuses = [*mine.get("statuses", {}), *result.get("batch", {}).get("statuses", {})]
+    return bool(mine.get("creates_per_s")) and not mine.get("errors") and all(s.startswith("2") for s in statuses)
 
 
 if __name__ == "__main__":

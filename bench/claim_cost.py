@@ -19,19 +19,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import resource
+import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from dispatch import BenchDatabase, add_database_url_arg, positive_int
-from harness import jobs_insert_series, target_for
+from harness import (
+    BENCH_KEY_RING,
+    BenchDatabase,
+    add_database_url_arg,
+    jobs_insert_series,
+    migrated_engine,
+    parse_args,
+    positive_int,
+    print_result,
+    run_bench,
+    target_in_store,
+)
 from sqlalchemy import text
 
-from app.db.engine import create_engine
-from app.db.migrate import migrate_to_head
 from app.domain.fair_share import SlotShares
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
@@ -54,52 +64,52 @@ def self_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     database = BenchDatabase(args.database_url)
-    url = await database.start()
-    # As a scheduler's: one connection, generic plans.
-    engine = create_engine(url, pool_size=1, generic_plans=True)
-    try:
-        await migrate_to_head(engine)
-        target_id = await target_for(engine, None, "http://127.0.0.1:9/unused")
-        async with engine.begin() as conn:
-            await jobs_insert_series(conn, target_id, args.jobs, time.time() - 5, 0.0)
-        async with engine.connect() as conn:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
-            await conn.execute(text("VACUUM ANALYZE jobs"))
-            pid = int(await conn.scalar(text("SELECT pg_backend_pid()")) or 0)
-        async with engine.begin() as conn:
-            held = await partition_acquire(conn, OWNER, 256, 3600.0)
-        shares = SlotShares(args.batch, args.batch, max(1, args.batch // 2))
-        rng = random.Random(1)
-        claim_s = finish_s = 0.0
-        done = claims = 0
-        pg0, cpu0, wall0 = process_cpu_s(pid), self_cpu_s(), time.perf_counter()
-        while True:
-            t = time.perf_counter()
+    async with database as url:
+        # As a scheduler's: one connection, generic plans.
+        engine = await migrated_engine(url, pool_size=1, generic_plans=True)
+        try:
+            target_id = await target_in_store(engine, "http://127.0.0.1:9/unused")
+            async with engine.begin() as conn:
+                await jobs_insert_series(conn, target_id, args.jobs, time.time() - 5, 0.0)
             async with engine.connect() as conn:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
-                batch = await job_claim_batch(conn, OWNER, args.batch, 60.0, held, 600.0, shares.claim_shares())
-            claim_s += time.perf_counter() - t
-            if not batch.jobs:
-                break
-            claims += 1
-            items = []
-            for job in batch.jobs:
-                result = AttemptOutcome(RunOutcome.SUCCESS, 200, None, 1, job.claimed_at)
-                step = after_attempt(job.attempt_context(), True, job.claimed_at, rng)
-                items.append(FinishedAttempt(job, result, step))
-            t = time.perf_counter()
-            async with engine.connect() as conn:
-                await conn.execution_options(isolation_level="AUTOCOMMIT")
-                await job_finish_attempts(conn, items)
-            finish_s += time.perf_counter() - t
-            done += len(items)
-        wall = time.perf_counter() - wall0
-        pg_s, client_s = process_cpu_s(pid) - pg0, self_cpu_s() - cpu0
-    finally:
-        await engine.dispose()
-        await database.stop()
+                await conn.execute(text("VACUUM ANALYZE jobs"))
+                pid = int(await conn.scalar(text("SELECT pg_backend_pid()")) or 0)
+            async with engine.begin() as conn:
+                held = await partition_acquire(conn, OWNER, 256, 3600.0)
+            shares = SlotShares(args.batch, args.batch, max(1, args.batch // 2))
+            rng = random.Random(1)
+            claim_s = finish_s = 0.0
+            done = claims = 0
+            pg0, cpu0, wall0 = process_cpu_s(pid), self_cpu_s(), time.perf_counter()
+            while True:
+                t = time.perf_counter()
+                async with engine.connect() as conn:
+                    await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    batch = await job_claim_batch(
+                        conn, BENCH_KEY_RING, OWNER, args.batch, 60.0, held, 600.0, shares.claim_shares()
+                    )
+                claim_s += time.perf_counter() - t
+                if not batch.jobs:
+                    break
+                claims += 1
+                items = []
+                for job in batch.jobs:
+                    result = AttemptOutcome(RunOutcome.SUCCESS, 200, None, 1, job.claimed_at)
+                    step = after_attempt(job.attempt_context(), True, job.claimed_at, rng)
+                    items.append(FinishedAttempt(job, result, step))
+                t = time.perf_counter()
+                async with engine.connect() as conn:
+                    await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    await job_finish_attempts(conn, items)
+                finish_s += time.perf_counter() - t
+                done += len(items)
+            wall = time.perf_counter() - wall0
+            pg_s, client_s = process_cpu_s(pid) - pg0, self_cpu_s() - cpu0
+        finally:
+            await engine.dispose()
     return {
         "bench": "claim_cost",
         "jobs": done,
@@ -113,21 +123,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=positive_int, default=20_000, help="due jobs in the backlog (20000)")
     parser.add_argument("--batch", type=positive_int, default=100, help="jobs per claim (the default batch, 100)")
     add_database_url_arg(parser)
-    args = parser.parse_args(argv)
-    result = asyncio.run(run(args))
+    return parse_args(parser, argv, smoke={"jobs": 200, "batch": 50})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    result = run_bench("cronhook-claim-cost-", lambda workdir: asyncio.run(run(args, workdir)))
     print(
         f"{result['jobs']} jobs, {result['database']}: PostgreSQL {result['pg_us_per_job']} us and the client "
         f"{result['client_us_per_job']} us of CPU per job; claim {result['claim_ms_per_batch']} ms and outcome "
         f"{result['finish_ms_per_batch']} ms per batch of {result['batch']}"
     )
-    print(json.dumps(result))
+    print_result(result)
     return 0 if result["jobs"] == args.jobs else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

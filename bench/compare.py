@@ -32,26 +32,31 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dispatch import count_unfinished, positive_int
 from harness import (
-    Profiler,
     Service,
     add_service_args,
+    add_yardstick_args,
     create_jobs_batch,
     jobs_insert_series,
-    last_json_line,
     load_peer,
+    parse_args,
     parse_env,
-    print_profile,
+    positive_int,
+    print_result,
     run_bench,
     target_for,
+    tree_cpu_s,
+    wait_jobs_finished,
     wait_partitions_owned,
 )
+from profiles import brief, print_profile, profiled
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
 
@@ -66,55 +71,60 @@ def receiver_count(receiver_url: str) -> int:
         return 0
 
 
-async def run_cronhook(args: argparse.Namespace, receiver_url: str, report: dict[str, Any]) -> dict[str, Any]:
+async def create_burst(
+    args: argparse.Namespace, service: Service, engine: AsyncEngine, target_id: uuid.UUID
+) -> tuple[str, float]:
+    """The N jobs, due at one instant after their creation: (how they were created, due)."""
+    n, mode = args.jobs, args.create
+    # Due after the creation: --lead-s plus a generous guess at its speed.
+    due = time.time() + args.lead_s + n / (20_000 if mode == "sql" else 2_000)
+    if mode in ("auto", "batch"):
+        if service.serves_http and await asyncio.to_thread(create_jobs_batch, service, target_id, n, due, 0.0):
+            mode = "batch"
+        elif mode == "batch":
+            raise RuntimeError("POST /v1/jobs/batch is not there (404/405)")
+        else:
+            mode = "sql"
+            due = time.time() + args.lead_s + n / 20_000
+    async with engine.begin() as conn:
+        if mode == "sql":
+            await jobs_insert_series(conn, target_id, n, due, 0.0)
+        # Like the procrastinate peer: statistics for the backlog before it falls due.
+        await conn.execute(text("ANALYZE jobs"))
+    return mode, due
+
+
+async def run_cronhook(args: argparse.Namespace, receiver_url: str) -> dict[str, Any]:
     """The `extra` callable's work: start cronhook, create the burst, wait for its delivery."""
     n: int = args.jobs
     dsn = os.environ["PEERS_EXTRA_DSN"]
     workdir = Path(tempfile.mkdtemp(prefix="cronhook-compare-"))
     service = Service(args.cronhook_cmd, dsn, workdir / "cronhook.log", parse_env(args.env))
     engine = create_engine(dsn, pool_size=2)
-    profiler: Profiler | None = None
+    report: dict[str, Any] = {}
     try:
         await asyncio.to_thread(service.start)
-        await wait_partitions_owned(engine, service)
+        await wait_partitions_owned(engine, service.check_alive, args.settle_s)
         target_id = await target_for(engine, service, receiver_url + "/hook")
-        mode = args.create
         t_create = time.time()
-        # Due after the creation: 2 s plus a generous guess at its speed.
-        due = t_create + 2.0 + n / (20_000 if mode == "sql" else 2_000)
-        if mode in ("auto", "batch"):
-            if service.serves_http and await asyncio.to_thread(create_jobs_batch, service, target_id, n, due, 0.0):
-                mode = "batch"
-            elif mode == "batch":
-                raise RuntimeError("POST /v1/jobs/batch is not there (404/405)")
-            else:
-                mode = "sql"
-                due = time.time() + 2.0 + n / 20_000
-        async with engine.begin() as conn:
-            if mode == "sql":
-                await jobs_insert_series(conn, target_id, n, due, 0.0)
-            # Like the procrastinate peer: statistics for the backlog before it falls due.
-            await conn.execute(text("ANALYZE jobs"))
+        mode, due = await create_burst(args, service, engine, target_id)
         report.update(create=mode, create_s=round(time.time() - t_create, 3), created_before_due=time.time() < due)
         postmaster = await postmaster_pid(engine)
         await asyncio.sleep(max(0.0, due - time.time()))
-        cpu0 = service.cpu_s()
-        pg_cpu0 = pg_tree_cpu(postmaster)
-        if args.profile:
-            profiler = Profiler(Path(args.profile), f"compare-{n}", service.pid)
-        deadline = time.monotonic() + args.deadline
-        count = 0
-        while time.monotonic() < deadline:
-            service.check_alive()
-            count = await asyncio.to_thread(receiver_count, receiver_url)
-            if count >= n:
-                break
-            await asyncio.sleep(0.05)
-        cpu_s = service.cpu_s() - cpu0
-        pg_cpu_s = pg_tree_cpu(postmaster) - pg_cpu0
-        if profiler is not None:
-            report["profile"] = profiler.stop()
-            profiler = None
+        cpu0, pg_cpu0 = service.cpu_s(), tree_cpu_s(postmaster) if postmaster else 0.0
+        with profiled(args.profile, f"compare-{n}", service.pid) as profile:
+            deadline = time.monotonic() + args.deadline
+            count = 0
+            while time.monotonic() < deadline:
+                service.check_alive()
+                count = await asyncio.to_thread(receiver_count, receiver_url)
+                if count >= n:
+                    break
+                await asyncio.sleep(0.05)
+            cpu_s = service.cpu_s() - cpu0
+            pg_cpu_s = (tree_cpu_s(postmaster) if postmaster else 0.0) - pg_cpu0
+        if profile:
+            report["profile"] = profile
         report.update(
             received=count,
             cpu_s=round(cpu_s, 2),
@@ -122,16 +132,8 @@ async def run_cronhook(args: argparse.Namespace, receiver_url: str, report: dict
             postgres_cpu_ms_per_delivery=round(pg_cpu_s * 1000 / max(count, 1), 3),
         )
         # Every outcome recorded, so the next run starts from a quiet database.
-        settle_end = time.monotonic() + SETTLE_TIMEOUT_S
-        while True:
-            left = await count_unfinished(engine)
-            if not left or time.monotonic() > settle_end:
-                break
-            await asyncio.sleep(0.2)
-        report["unfinished_after"] = left
+        report["unfinished_after"] = await wait_jobs_finished(engine, service.check_alive, SETTLE_TIMEOUT_S)
     finally:
-        if profiler is not None:
-            profiler.stop()
         await asyncio.to_thread(service.stop)
         await engine.dispose()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -140,7 +142,7 @@ async def run_cronhook(args: argparse.Namespace, receiver_url: str, report: dict
     return {"due": due, "name": "cronhook", "n": n, "cpu_s": 0.0, "cmd": args.cronhook_cmd, **report}
 
 
-async def postmaster_pid(engine: Any) -> int | None:
+async def postmaster_pid(engine: AsyncEngine) -> int | None:
     """The PostgreSQL server's postmaster: the parent of this connection's backend."""
     async with engine.connect() as conn:
         backend = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
@@ -151,18 +153,8 @@ async def postmaster_pid(engine: Any) -> int | None:
         return None  # not on this machine
 
 
-def pg_tree_cpu(postmaster: int | None) -> float:
-    """CPU seconds of the postmaster, its reaped backends and its live ones (side_by_side's count)."""
-    side_by_side = load_peer("side_by_side")
-    return float(side_by_side._pg_tree_cpu(postmaster))
-
-
 def make_extra(args: argparse.Namespace) -> Callable[[str], dict[str, Any]]:
-    def extra(receiver_url: str) -> dict[str, Any]:
-        report: dict[str, Any] = {}
-        return asyncio.run(run_cronhook(args, receiver_url, report))
-
-    return extra
+    return lambda receiver_url: asyncio.run(run_cronhook(args, receiver_url))
 
 
 def summarize(result: dict[str, Any], n: int) -> dict[str, Any]:
@@ -206,7 +198,7 @@ def summarize(result: dict[str, Any], n: int) -> dict[str, Any]:
     }
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=positive_int, default=5000, help="burst size (5000; 50000: the big one)")
     parser.add_argument(
@@ -217,14 +209,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--systems", default="ceiling,procrastinate", help="the peers to run (side_by_side)")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds cronhook gets to deliver the burst")
+    parser.add_argument("--lead-s", type=float, default=2.0, help="seconds from the creation to the due time (2)")
     parser.add_argument("--keep", action="store_true", help="keep the harness's work folder (receiver logs)")
     parser.add_argument("--json-out", help="also write the harness's full result to this file")
     add_service_args(parser, "cronhook up")
-    return parser.parse_args(argv)
+    add_yardstick_args(parser)
+    smoke = {"jobs": 100, "systems": "", "deadline": 30.0, "lead_s": 0.5, "settle_s": 0.2}
+    return parse_args(parser, argv, smoke | {"cronhook_cmd": "cronhook up --processes 1"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
     side_by_side = load_peer("side_by_side", args.peers_dir)
     systems = tuple(s for s in args.systems.split(",") if s)
     result = run_bench(
@@ -238,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = result["systems"].get("cronhook", {}).get("self_reported", {}).pop("profile", None)
     if profile:
         print_profile("cronhook during the burst", profile)
-        summary["profile"] = {k: v for k, v in profile.items() if k != "inclusive_pct"}
+        summary["profile"] = brief(profile)
     ratio = (summary["ratio_vs_ceiling"] or {}).get("deliveries_per_s")
     print(
         f"cronhook: {summary['cronhook_deliveries_per_s']} deliveries/s = {ratio} x ceiling, "
@@ -246,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         f"lost {summary['lost']}; {summary['cpu_ms_per_delivery']} ms CPU per delivery (jobs created by "
         f"{summary['create']})"
     )
-    last_json_line(summary)
+    print_result(summary)
     return 0 if summary["lost"] == 0 and not summary["duplicates"] else 1
 
 

@@ -31,19 +31,23 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime as dt
-import json
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The oracle test's generator and Vixie reference live in tests/, found through the repository
+# root (after the installed packages, so `app` stays the installed one).
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from cronsim import CronSim, CronSimError
+from harness import parse_args, positive_int, print_result
 
-from app.domain.cron import ALIASES, CronError, _fields_of, parse_cron, upcoming
+from app.domain.cron import ALIASES, CronError, parse_cron, upcoming
+from app.domain.cron_fields import parse_fields
 from tests.unit.cron_reference import Reference
 from tests.unit.test_cron_oracle import ZONES, clock_changes, random_expression
 
@@ -134,7 +138,8 @@ def cronsim_fires(expression: str, start: dt.datetime, count: int) -> list[dt.da
 
 
 def cronhook_walls(expression: str, start: dt.datetime, count: int) -> list[dt.datetime]:
-    walls = _fields_of(parse_cron(expression).expression).walls(start, inclusive=False)
+    fields = parse_fields(tuple(parse_cron(expression).expression.upper().split(" ")))
+    walls = fields.walls(start, inclusive=False)
     return [wall for wall, _ in zip(walls, range(count), strict=False)]
 
 
@@ -244,14 +249,18 @@ def time_engines(cases: list[tuple[str, str, dt.datetime]], fires: int) -> dict[
     return {key: round(value, 1) for key, value in results.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--expressions", type=int, default=300, help="curated plus random (default 300)")
-    parser.add_argument("--starts", type=int, default=4, help="start instants per expression and zone")
-    parser.add_argument("--fires", type=int, default=50, help="fire times compared per case")
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--expressions", type=positive_int, default=300, help="curated plus random (default 300)")
+    parser.add_argument("--starts", type=positive_int, default=4, help="start instants per expression and zone")
+    parser.add_argument("--fires", type=positive_int, default=50, help="fire times compared per case")
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--show", type=int, default=3, help="examples listed per class and expression")
-    args = parser.parse_args()
+    return parse_args(parser, argv, smoke={"expressions": 45, "starts": 1, "fires": 3})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
 
     cases = build_cases(random.Random(args.seed), args.expressions, args.starts)
     counts: collections.Counter[str] = collections.Counter()
@@ -289,8 +298,9 @@ def main() -> None:
         "classes": dict(counts.most_common()),
         **timings,
     }
-    print(json.dumps(summary, sort_keys=True))
+    print_result(summary)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

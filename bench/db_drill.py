@@ -24,7 +24,7 @@ again (lateness under 1 s); stragglers are jobs due before the fix delivered mor
 after it (a claim committed but never answered stays leased until its lease runs out).
 Lateness = receive time - the request's cronhook-scheduled-for header.
 
-The receiver is bench/dispatch.py's (a child process answering 200 at once). A few
+The receiver is the harness's (a child process answering 200 at once). A few
 human-readable lines, then one JSON object as the last line; exit 1 when a job was lost or
 delivered twice outside the in-flight bound.
 
@@ -42,32 +42,38 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# bench/ is on sys.path when this runs as a script; the repository root holds tests/pg_cluster.py.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# bench/ is on sys.path when this runs as a script; tests/pg_cluster.py is found through the
+# repository root (after the installed packages, so `app` stays the installed one).
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 import httpx
-from dispatch import Receiver, percentile, positive_int
 from harness import (
-    Service,
-    free_port,
+    Receipt,
+    Receiver,
+    Services,
+    add_service_args,
     jobs_insert_series,
-    last_json_line,
+    lateness_s,
+    migrated_engine,
+    ms_summary,
+    parse_args,
     parse_env,
+    positive_int,
+    print_result,
     run_bench,
-    target_for,
+    target_in_store,
     wait_partitions_owned,
 )
-from sqlalchemy import func, select, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from app.db.engine import create_engine, normalize_url
-from app.db.migrate import migrate_to_head
-from app.store.tables import jobs
+from app.db.engine import normalize_url
 from tests.pg_cluster import PG_BIN, PgCluster, available
 
 DATABASE = "cronhook"
@@ -152,7 +158,7 @@ async def leased_webhook_ids(url: str) -> set[str]:
     engine = create_async_engine(normalize_url(url), poolclass=NullPool)
     try:
         async with engine.connect() as conn:
-            rows = await conn.execute(select(jobs.c.occurrence_id).where(jobs.c.state == "running"))
+            rows = await conn.execute(text("SELECT occurrence_id FROM jobs WHERE state = 'running'"))
             return {f"msg_{occurrence.hex}" for occurrence in rows.scalars()}
     finally:
         await engine.dispose()
@@ -160,7 +166,7 @@ async def leased_webhook_ids(url: str) -> set[str]:
 
 async def unfinished(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
-        return int(await conn.scalar(select(func.count()).where(jobs.c.state != "succeeded")) or 0)
+        return int(await conn.scalar(text("SELECT count(*) FROM jobs WHERE state <> 'succeeded'")) or 0)
 
 
 def seconds_after(origin: float, at: float | None) -> float | None:
@@ -174,8 +180,8 @@ async def drill(args: argparse.Namespace, kind: str, workdir: Path) -> dict[str,
     password_file = folder / "db-password"
     password_file.write_text(ROLE_PASSWORD + "\n")
     cluster = PgCluster()
-    receiver = Receiver()
-    services: list[Service] = []
+    receiver = Receiver(folder)
+    services: Services | None = None
     engine: AsyncEngine | None = None
     stop = asyncio.Event()
     followers: list[asyncio.Task[None]] = []
@@ -185,29 +191,26 @@ async def drill(args: argparse.Namespace, kind: str, workdir: Path) -> dict[str,
         standby = await asyncio.to_thread(cluster.add_standby, primary, "standby", True)
         await asyncio.to_thread(cluster.create_database, primary, DATABASE, ROLE, ROLE_PASSWORD)
         nodes = [primary, standby]
-        engine = create_engine(cluster.url(nodes, DATABASE, ROLE, ROLE_PASSWORD), pool_size=2, pre_ping=True)
-        await migrate_to_head(engine)
-        target_id = await target_for(engine, None, f"{receiver.base}/hook")
+        url = cluster.url(nodes, DATABASE, ROLE, ROLE_PASSWORD)
+        engine = await migrated_engine(url, pre_ping=True)
+        target_id = await target_in_store(engine, f"{receiver.url}/hook")
 
-        readiness: dict[str, ReadinessLog] = {}
-        for name, cmd in (("scheduler", args.cronhook_cmd), ("reaper", "cronhook reaper")):
-            port = free_port()
-            env = {
-                "CRONHOOK_DATABASE_PASSWORD_FILE": str(password_file),
-                "CRONHOOK_METRICS_PORT": str(port),
-                "CRONHOOK_LOG_LEVEL": "INFO",
-                "CRONHOOK_LOG_FORMAT": "json",
-                "CRONHOOK_DB_STALL_WARN_S": str(args.warn_s),
-                **parse_env(args.env),
-            }
-            service = Service(cmd, cluster.url(nodes, DATABASE, ROLE), folder / f"{name}.log", env)
-            await asyncio.to_thread(service.start)
-            services.append(service)
-            readiness[name] = ReadinessLog(f"http://127.0.0.1:{port}/readyz")
-        await wait_partitions_owned(engine, services[0])
+        env = {
+            "CRONHOOK_DATABASE_PASSWORD_FILE": str(password_file),
+            "CRONHOOK_LOG_LEVEL": "INFO",
+            "CRONHOOK_LOG_FORMAT": "json",
+            "CRONHOOK_DB_STALL_WARN_S": str(args.warn_s),
+            **parse_env(args.env),
+        }
+        services = Services(cluster.url(nodes, DATABASE, ROLE), folder, env)
+        scheduler = services.start("scheduler", args.cronhook_cmd, wait=False)
+        services.start("reaper", "cronhook reaper", wait=False)
+        await asyncio.to_thread(services.wait_ready)
+        readiness = {name: ReadinessLog(s.probe_base + "/readyz") for name, s in services.by_name.items()}
+        await wait_partitions_owned(engine, scheduler.check_alive, args.settle_s)
         followers = [asyncio.create_task(r.follow(stop)) for r in readiness.values()]
 
-        first_due = time.time() + 3.0 + n / 50_000
+        first_due = time.time() + args.lead_s + n / 50_000
         async with engine.begin() as conn:
             await jobs_insert_series(conn, target_id, n, first_due, 1.0 / args.rate)
             await conn.execute(text("ANALYZE jobs"))
@@ -243,13 +246,12 @@ async def drill(args: argparse.Namespace, kind: str, workdir: Path) -> dict[str,
         survived = True
         while time.time() < deadline:
             try:
-                for service in services:
-                    service.check_alive()
+                services.check_alive()
             except RuntimeError as exc:
                 print(f"{kind}: {exc}")
                 survived = False
                 break
-            if int((await receiver.stats())["distinct"]) >= n:
+            if (await receiver.stats()).distinct >= n:
                 break
             await asyncio.sleep(0.25)
         # Both processes should say 200 again; a bounded wait for it.
@@ -259,32 +261,52 @@ async def drill(args: argparse.Namespace, kind: str, workdir: Path) -> dict[str,
             print(f"{kind}: not ready 30 s after the last delivery: {[r.changes[-1:] for r in readiness.values()]}")
         left = await unfinished(engine)
         receipts = await receiver.receipts()
+        logs = [s.log_path for s in services.by_name.values()]
     finally:
         stop.set()
         await asyncio.gather(*followers, return_exceptions=True)
-        for service in services:
-            await asyncio.to_thread(service.stop)
+        if services is not None:
+            await asyncio.to_thread(services.stop_all)
         if engine is not None:
             await engine.dispose()
         await receiver.stop()
         await asyncio.to_thread(cluster.close)
 
-    counts = Counter(msg_id for msg_id, _, _ in receipts)
+    seen = Drilled(kind, n, first_due, fault_start, fault_end, fix_s, in_flight, receipts, left, survived, logs)
+    return figures(args, seen, readiness)
+
+
+@dataclass(frozen=True)
+class Drilled:
+    """What one drill did and saw: the fault's times, what was in flight then, what followed."""
+
+    kind: str
+    jobs: int
+    first_due: float
+    fault_start: float
+    fault_end: float
+    fix_s: float
+    in_flight: set[str]
+    receipts: list[Receipt]
+    unfinished: int
+    survived: bool
+    logs: list[Path]
+
+
+def figures(args: argparse.Namespace, seen: Drilled, readiness: dict[str, ReadinessLog]) -> dict[str, Any]:
+    kind, n, receipts, fault_start, fault_end = seen.kind, seen.jobs, seen.receipts, seen.fault_start, seen.fault_end
+    counts = Counter(receipt.webhook_id for receipt in receipts)
     repeated = {msg_id: c - 1 for msg_id, c in counts.items() if c > 1}
-    cache: dict[str, float] = {}
-    late = sorted(at - _scheduled(header, cache) for _, header, at in receipts)
-    after_fault = sorted(at for _, _, at in receipts if at >= fault_end)
-    by_arrival = sorted(receipts, key=lambda receipt: receipt[2])
+    by_arrival = sorted(receipts, key=lambda receipt: receipt.arrived)
+    after_fault = [r.arrived for r in by_arrival if r.arrived >= fault_end]
     on_time = next(
-        (at for _, header, at in by_arrival if at >= fault_end and at - _scheduled(header, cache) < ON_TIME_S), None
+        (r.arrived for r in by_arrival if r.arrived >= fault_end and r.arrived - (r.due or 0.0) < ON_TIME_S), None
     )
-    gaps = [b[2] - a[2] for a, b in itertools.pairwise(by_arrival)]
+    gaps = [b.arrived - a.arrived for a, b in itertools.pairwise(by_arrival)]
     # Jobs due before the fix that came long after it: left leased (a claim whose answer was
     # lost) until their lease ran out and the reaper returned them.
-    stragglers = [
-        at for _, header, at in receipts if _scheduled(header, cache) < fault_end and at > fault_end + STRAGGLER_S
-    ]
-    warning = first_warning([s.log_path for s in services], fault_start)
+    stragglers = [r.arrived for r in receipts if (r.due or 0.0) < fault_end and r.arrived > fault_end + STRAGGLER_S]
+    warning = first_warning(seen.logs, fault_start)
     ready_again = [r.ready_again(fault_start) for r in readiness.values()]
     unready_seen = {name: any(s != 200 for at, s in r.changes if at >= fault_start) for name, r in readiness.items()}
     result = {
@@ -293,15 +315,15 @@ async def drill(args: argparse.Namespace, kind: str, workdir: Path) -> dict[str,
         "jobs": n,
         "delivered": len(counts),
         "lost": n - len(counts),
-        "unfinished_in_db": left,
+        "unfinished_in_db": seen.unfinished,
         "duplicates": sum(repeated.values()),
-        "in_flight_at_fault": len(in_flight),
-        "duplicates_outside_in_flight": sum(c for msg_id, c in repeated.items() if msg_id not in in_flight),
-        "processes_survived": survived,
-        "fault_started_s_into_load": round(fault_start - first_due, 2),
+        "in_flight_at_fault": len(seen.in_flight),
+        "duplicates_outside_in_flight": sum(c for msg_id, c in repeated.items() if msg_id not in seen.in_flight),
+        "processes_survived": seen.survived,
+        "fault_started_s_into_load": round(fault_start - seen.first_due, 2),
         "fault_s": round(fault_end - fault_start, 2),
         # How long the fix took (pg_ctl promote, or the standby's start); recovery counts from its start.
-        "fix_s": round(fix_s, 2),
+        "fix_s": round(seen.fix_s, 2),
         "first_warning_s": seconds_after(fault_start, warning[0] if warning else None),
         "first_warning": warning[1] if warning else None,
         # Seconds from the fault's start, and the status from then on (0: no answer).
@@ -319,27 +341,15 @@ async def drill(args: argparse.Namespace, kind: str, workdir: Path) -> dict[str,
         "longest_delivery_gap_s": round(max(gaps), 2) if gaps else None,
         "stragglers": len(stragglers),
         "last_straggler_s": seconds_after(fault_end, max(stragglers) if stragglers else None),
-        "lateness_ms": {
-            "p50": round(percentile(late, 50) * 1000) if late else None,
-            "p99": round(percentile(late, 99) * 1000) if late else None,
-            "max": round(late[-1] * 1000) if late else None,
-        },
+        "lateness_ms": ms_summary(lateness_s(receipts)),
     }
     print(
         f"{kind}: lost {result['lost']}, duplicates {result['duplicates']} "
-        f"({result['duplicates_outside_in_flight']} outside the {len(in_flight)} in flight), first warning "
+        f"({result['duplicates_outside_in_flight']} outside the {len(seen.in_flight)} in flight), first warning "
         f"{result['first_warning']} after {result['first_warning_s']} s, recovery {result['recovery_s']}, "
         f"readiness {result['readiness']}"
     )
     return result
-
-
-def _scheduled(header: str, cache: dict[str, float]) -> float:
-    value = cache.get(header)
-    if value is None:
-        value = dt.datetime.fromisoformat(header).timestamp()
-        cache[header] = value
-    return value
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -349,7 +359,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return result
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drills", nargs="+", choices=DRILLS, default=list(DRILLS), help="which drills, in order")
     parser.add_argument("--rate", type=positive_int, default=1000, help="jobs due per second (1000)")
@@ -358,21 +368,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--outage-s", type=float, default=5.0, help="how long the fault lasts (5)")
     parser.add_argument("--warn-s", type=float, default=1.0, help="CRONHOOK_DB_STALL_WARN_S (1)")
     parser.add_argument("--grace", type=float, default=60.0, help="seconds after the last due time to give up (60)")
-    parser.add_argument(
-        "--cronhook-cmd", default="cronhook scheduler", help='the scheduler command line (default "cronhook scheduler")'
+    parser.add_argument("--lead-s", type=float, default=3.0, help="seconds from the insert to the first due time (3)")
+    add_service_args(parser, "cronhook scheduler")
+    smoke = {"drills": ["stall"], "rate": 50, "seconds": 1, "fault_at": 0.3, "outage_s": 0.5, "grace": 20.0}
+    return parse_args(
+        parser, argv, smoke | {"lead_s": 0.5, "settle_s": 0.2, "cronhook_cmd": "cronhook scheduler --processes 1"}
     )
-    parser.add_argument(
-        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment for both processes"
-    )
-    return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
     if not available():
         raise SystemExit(f"PostgreSQL 15 server binaries not found in {PG_BIN} (set CRONHOOK_PG_BIN)")
     result = run_bench("cronhook-db-drill-", lambda workdir: asyncio.run(run(args, workdir)))
-    last_json_line(result)
+    print_result(result)
     failed = [d for d in result["drills"] if d["lost"] or d["duplicates_outside_in_flight"]]
     return 1 if failed else 0
 

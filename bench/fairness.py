@@ -1,14 +1,14 @@
 """Noisy neighbour: how late one tenant's jobs are while another tenant's receivers hang.
 
 Per phase, on a fresh database with one `--cronhook-cmd` (default `cronhook scheduler`,
-default settings): a noisy tenant's --noisy-jobs (250) one-off jobs, all due at once, go to
-a receiver that holds every request --hang-s (30) seconds before answering (targets with
-the largest timeout, 30 s), spread over `noisy_targets` targets; from one second later, a
-quiet tenant's --quiet-jobs (200) jobs fall due --quiet-step-s (0.05) apart, to a receiver
-that answers at once. Lateness per quiet request = arrival - its `cronhook-scheduled-for`
-header; p50/p99/max in ms. Also: the most noisy requests held at once, and how many noisy
-requests were answered before the last quiet one arrived (0: every quiet job went while the
-noisy tenant's first deliveries still hung).
+default settings): a noisy tenant's --noisy-jobs (250) one-off jobs, all due at once and
+with one attempt each, go to the receiver's /noisy, which holds every request --hang-s (30)
+seconds before answering (targets with the largest timeout, 30 s), spread over
+`noisy_targets` targets; from one second later, a quiet tenant's --quiet-jobs (200) jobs fall
+due --quiet-step-s (0.05) apart, to /quiet, which answers at once. Lateness per quiet request
+= arrival - its `cronhook-scheduled-for` header; p50/p99/max in ms. Also: the most noisy
+requests held at once, and how many noisy requests were answered before the last quiet one
+arrived (0: every quiet job went while the noisy tenant's first deliveries still hung).
 
 Phases: the noisy tenant's jobs on one target (the issue's scenario) and on five (no target
 reaches the default per-target cap, the tenant share binds).
@@ -20,132 +20,86 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-from dispatch import BenchDatabase, add_database_url_arg, positive_int
-from harness import Service, add_service_args, last_json_line, parse_env, run_bench, wait_partitions_owned
+from harness import (
+    BenchDatabase,
+    Receiver,
+    Reply,
+    Service,
+    add_database_url_arg,
+    add_service_args,
+    jobs_insert_series,
+    lateness_s,
+    migrated_engine,
+    ms_summary,
+    parse_args,
+    parse_env,
+    positive_int,
+    print_result,
+    run_bench,
+    target_in_store,
+    wait_partitions_owned,
+)
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import create_engine
-from app.domain.job import NewJob
-from app.domain.retry import RetryPolicy
-from app.domain.schedule import OnceSchedule
-from app.store.jobs import job_create_many
-from app.store.targets import target_create
-from app.store.tenants import tenant_ensure
-
-
-class Receivers:
-    """/noisy holds each request `hang_s`; /quiet answers at once and logs arrival times."""
-
-    def __init__(self, hang_s: float) -> None:
-        self.hang_s = hang_s
-        self.quiet: list[tuple[float, str]] = []  # (arrival, cronhook-scheduled-for)
-        self.noisy_in_flight = 0
-        self.noisy_max_in_flight = 0
-        self.noisy_answered = 0
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/noisy", self._noisy)
-        app.router.add_post("/quiet", self._quiet)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=2048)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _noisy(self, request: web.Request) -> web.Response:
-        await request.read()
-        self.noisy_in_flight += 1
-        self.noisy_max_in_flight = max(self.noisy_max_in_flight, self.noisy_in_flight)
-        try:
-            await asyncio.sleep(self.hang_s)
-        finally:
-            self.noisy_in_flight -= 1
-        self.noisy_answered += 1
-        return web.Response(text="ok")
-
-    async def _quiet(self, request: web.Request) -> web.Response:
-        arrival = time.time()
-        await request.read()
-        self.quiet.append((arrival, request.headers["cronhook-scheduled-for"]))
-        return web.Response(text="ok")
+TARGET_TIMEOUT_S = 30.0  # the largest a target may have
 
 
 async def add_jobs(
-    engine: Any, tenant: str, url: str, targets: int, count: int, first_due: float, step_s: float
+    engine: AsyncEngine, tenant: str, url: str, targets: int, count: int, first_due: float, step_s: float
 ) -> None:
-    policy = RetryPolicy(1, 1.0, 1.0)
-    async with engine.begin() as conn:
-        tenant_id = await tenant_ensure(conn, tenant)
-        target_ids = []
-        for n in range(targets):
-            row, _ = await target_create(conn, tenant_id, f"{tenant}-{n}", url, {}, 30.0)
-            target_ids.append(row["id"])
-        news = []
-        for i in range(count):
-            due = dt.datetime.fromtimestamp(first_due + i * step_s, dt.UTC)
-            news.append(NewJob(tenant_id, target_ids[i % targets], None, {"i": i}, 0, OnceSchedule(due), due, policy))
-        await job_create_many(conn, news)
+    """`count` jobs of `tenant`, one attempt each, spread over `targets` new targets for `url`."""
+    for index in range(targets):
+        target_id = await target_in_store(engine, url, tenant, f"{tenant}-{index}", TARGET_TIMEOUT_S)
+        share = count // targets + (1 if index < count % targets else 0)
+        async with engine.begin() as conn:
+            await jobs_insert_series(conn, target_id, share, first_due, step_s, max_attempts=1)
 
 
 async def phase(args: argparse.Namespace, noisy_targets: int, workdir: Path) -> dict[str, Any]:
-    database = BenchDatabase(args.database_url)
-    receivers = Receivers(args.hang_s)
-    service: Service | None = None
-    engine = None
-    try:
-        url = await database.start()
-        engine = create_engine(url, pool_size=2)
+    routes = {"/noisy": Reply(slow=1.0, slow_s=args.hang_s), "/quiet": Reply()}
+    async with BenchDatabase(args.database_url) as url, Receiver(workdir, routes) as receiver:
+        engine = await migrated_engine(url)
         service = Service(args.cronhook_cmd, url, workdir / f"cronhook-{noisy_targets}.log", parse_env(args.env))
-        await receivers.start()
-        await asyncio.to_thread(service.start)
-        await wait_partitions_owned(engine, service)
-        base = f"http://127.0.0.1:{receivers.port}"
-        start = time.time()
-        if noisy_targets > 0:
-            await add_jobs(engine, "noisy", base + "/noisy", noisy_targets, args.noisy_jobs, start, 0.0)
-        quiet_first = start + 1.0
-        await add_jobs(engine, "quiet", base + "/quiet", 1, args.quiet_jobs, quiet_first, args.quiet_step_s)
-        deadline = quiet_first + args.quiet_jobs * args.quiet_step_s + args.hang_s + 30
-        while len(receivers.quiet) < args.quiet_jobs and time.time() < deadline:
-            service.check_alive()
-            await asyncio.sleep(0.1)
-        answered_meanwhile = receivers.noisy_answered
-    finally:
-        if service is not None:
+        try:
+            await asyncio.to_thread(service.start)
+            await wait_partitions_owned(engine, service.check_alive, args.settle_s)
+            start = time.time()
+            if noisy_targets > 0:
+                await add_jobs(engine, "noisy", receiver.url + "/noisy", noisy_targets, args.noisy_jobs, start, 0.0)
+            quiet_first = start + 1.0
+            await add_jobs(engine, "quiet", receiver.url + "/quiet", 1, args.quiet_jobs, quiet_first, args.quiet_step_s)
+            deadline = quiet_first + args.quiet_jobs * args.quiet_step_s + args.hang_s + 30
+            while (stats := await receiver.stats()).per_path.get("/quiet", 0) < args.quiet_jobs:
+                service.check_alive()
+                if time.time() > deadline:
+                    break
+                await asyncio.sleep(0.1)
+            receipts = await receiver.receipts()
+        finally:
             await asyncio.to_thread(service.stop)
-        await receivers.stop()
-        if engine is not None:
             await engine.dispose()
-        await database.stop()
-    late_ms = sorted(
-        (arrival - dt.datetime.fromisoformat(scheduled.replace("Z", "+00:00")).timestamp()) * 1000
-        for arrival, scheduled in receivers.quiet
-    )
+    quiet = [r for r in receipts if r.path == "/quiet"]
+    quiet_done = max((r.arrived for r in quiet), default=time.time())
+    late = ms_summary(lateness_s(quiet))
     return {
         "noisy_targets": noisy_targets,
         "noisy_jobs": args.noisy_jobs if noisy_targets else 0,
         "hang_s": args.hang_s,
         "quiet_jobs": args.quiet_jobs,
-        "quiet_delivered": len(late_ms),
-        "late_ms_p50": round(statistics.median(late_ms), 1) if late_ms else None,
-        "late_ms_p99": round(late_ms[min(len(late_ms) - 1, int(len(late_ms) * 0.99))], 1) if late_ms else None,
-        "late_ms_max": round(late_ms[-1], 1) if late_ms else None,
-        "noisy_max_in_flight": receivers.noisy_max_in_flight,
-        "noisy_answered_before_quiet_done": answered_meanwhile,
+        "quiet_delivered": len(quiet),
+        "late_ms_p50": late["p50"],
+        "late_ms_p99": late["p99"],
+        "late_ms_max": late["max"],
+        "noisy_max_in_flight": stats.most_held.get("/noisy", 0),
+        "noisy_answered_before_quiet_done": sum(
+            1 for r in receipts if r.path == "/noisy" and r.answered is not None and r.answered <= quiet_done
+        ),
     }
 
 
@@ -163,7 +117,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return result
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--noisy-jobs", type=positive_int, default=250)
     parser.add_argument(
@@ -174,13 +128,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quiet-step-s", type=float, default=0.05, help="seconds between quiet due times")
     add_database_url_arg(parser)
     add_service_args(parser, "cronhook scheduler")
-    return parser.parse_args(argv)
+    smoke = {"noisy_jobs": 10, "noisy_targets": [2], "hang_s": 1.0, "quiet_jobs": 5, "quiet_step_s": 0.05}
+    return parse_args(parser, argv, smoke | {"settle_s": 0.2, "cronhook_cmd": "cronhook scheduler --processes 1"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
     result = run_bench("cronhook-fairness-", lambda workdir: asyncio.run(run(args, workdir)))
-    last_json_line(result)
+    print_result(result)
     return 0 if all(p["quiet_delivered"] == p["quiet_jobs"] for p in result["phases"]) else 1
 
 

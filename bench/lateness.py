@@ -22,60 +22,59 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dispatch import BenchDatabase, add_database_url_arg, positive_int
 from harness import (
-    Profiler,
+    BenchDatabase,
     Service,
+    add_database_url_arg,
     add_service_args,
+    add_yardstick_args,
     jobs_insert_series,
-    last_json_line,
     load_peer,
+    parse_args,
     parse_env,
-    print_profile,
+    positive_int,
+    print_result,
     run_bench,
     target_for,
     wait_partitions_owned,
 )
+from profiles import brief, print_profile, profiled
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
 
 
 async def phase(
-    args: argparse.Namespace, rate: int, service: Service, engine: Any, workdir: Path, sbs: Any, python: Path
+    args: argparse.Namespace, rate: int, service: Service, engine: AsyncEngine, workdir: Path
 ) -> dict[str, Any]:
     n = rate * args.seconds
-    rx = sbs.Receiver(python, workdir, f"rate{rate}")
-    profiler: Profiler | None = None
+    side_by_side = load_peer("side_by_side", args.peers_dir)
+    rx = side_by_side.Receiver(load_peer("env").ensure_peers_venv(), workdir, f"rate{rate}")
     try:
         target_id = await target_for(engine, service, rx.url + "/hook")
-        first_due = time.time() + 2.0 + n / 50_000
+        first_due = time.time() + args.lead_s + n / 50_000
         async with engine.begin() as conn:
             await jobs_insert_series(conn, target_id, n, first_due, 1.0 / rate)
             await conn.execute(text("ANALYZE jobs"))
         await asyncio.sleep(max(0.0, first_due - time.time()))
         cpu0 = service.cpu_s()
-        if args.profile:
-            profiler = Profiler(Path(args.profile), f"lateness-{rate}", service.pid)
-        deadline = first_due + args.seconds + args.grace
-        while time.time() < deadline:
-            service.check_alive()
-            if (rx.count() or 0) >= n:
-                break
-            await asyncio.sleep(0.25)
-        cpu_s = service.cpu_s() - cpu0
-        profile = profiler.stop() if profiler is not None else None
-        profiler = None
-        rx.settle(n, quiet_s=1.0, timeout=5.0)
+        with profiled(args.profile, f"lateness-{rate}", service.pid) as profile:
+            deadline = first_due + args.seconds + args.grace
+            while time.time() < deadline:
+                service.check_alive()
+                if (rx.count() or 0) >= n:
+                    break
+                await asyncio.sleep(0.25)
+            cpu_s = service.cpu_s() - cpu0
+        rx.settle(n, quiet_s=args.quiet_s, timeout=5.0)
     finally:
-        if profiler is not None:
-            profiler.stop()
         rx.stop()
-    fig = sbs.figures(rx.records(), first_due, n)
-    fig.pop("_window", None)
+    fig = side_by_side.figures(rx.records(), first_due, n)
     distinct = fig.get("distinct") or 0
     out = {
         "rate_per_s": rate,
@@ -89,56 +88,52 @@ async def phase(
         "late_basis": fig.get("late_basis"),
         "cpu_ms_per_delivery": round(cpu_s * 1000 / max(fig["delivered"], 1), 3),
     }
-    if profile is not None:
+    if profile:
         print_profile(f"cronhook at {rate}/s", profile)
-        out["profile"] = {k: v for k, v in profile.items() if k != "inclusive_pct"}
+        out["profile"] = brief(profile)
     return out
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    sbs = load_peer("side_by_side", args.peers_dir)
-    python = load_peer("env").ensure_peers_venv()
-    database = BenchDatabase(args.database_url)
-    service: Service | None = None
-    engine = None
     result: dict[str, Any] = {"bench": "lateness", "cmd": args.cronhook_cmd, "env": args.env, "phases": []}
-    try:
-        url = await database.start()
+    async with BenchDatabase(args.database_url) as url:
         engine = create_engine(url, pool_size=2)
         service = Service(args.cronhook_cmd, url, workdir / "cronhook.log", parse_env(args.env))
-        await asyncio.to_thread(service.start)
-        await wait_partitions_owned(engine, service)
-        for rate in args.rates:
-            fig = await phase(args, rate, service, engine, workdir, sbs, python)
-            print(
-                f"{rate}/s: lateness p50 {fig['late_ms_p50']} ms, p99 {fig['late_ms_p99']} ms, max "
-                f"{fig['late_ms_max']} ms; {fig['delivered']} delivered, duplicates {fig['duplicates']}, "
-                f"lost {fig['lost']}; {fig['cpu_ms_per_delivery']} ms CPU per delivery"
-            )
-            result["phases"].append(fig)
-    finally:
-        if service is not None:
+        try:
+            await asyncio.to_thread(service.start)
+            await wait_partitions_owned(engine, service.check_alive, args.settle_s)
+            for rate in args.rates:
+                fig = await phase(args, rate, service, engine, workdir)
+                print(
+                    f"{rate}/s: lateness p50 {fig['late_ms_p50']} ms, p99 {fig['late_ms_p99']} ms, max "
+                    f"{fig['late_ms_max']} ms; {fig['delivered']} delivered, duplicates {fig['duplicates']}, "
+                    f"lost {fig['lost']}; {fig['cpu_ms_per_delivery']} ms CPU per delivery"
+                )
+                result["phases"].append(fig)
+        finally:
             await asyncio.to_thread(service.stop)
-        if engine is not None:
             await engine.dispose()
-        await database.stop()
     return result
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", type=positive_int, nargs="+", default=[100, 1000], help="jobs due per second")
     parser.add_argument("--seconds", type=positive_int, default=30, help="how long each rate lasts (30)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds after the last due time to give up")
+    parser.add_argument("--lead-s", type=float, default=2.0, help="seconds from the insert to the first due time")
+    parser.add_argument("--quiet-s", type=float, default=1.0, help="receiver quiet this long before its log is read")
     add_database_url_arg(parser)
     add_service_args(parser, "cronhook up")
-    return parser.parse_args(argv)
+    add_yardstick_args(parser)
+    smoke = {"rates": [50], "seconds": 1, "grace": 10.0, "lead_s": 0.5, "quiet_s": 0.2, "settle_s": 0.2}
+    return parse_args(parser, argv, smoke | {"cronhook_cmd": "cronhook up --processes 1"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
     result = run_bench("cronhook-lateness-", lambda workdir: asyncio.run(run(args, workdir)))
-    last_json_line(result)
+    print_result(result)
     return 0 if all(p["lost"] == 0 and not p["duplicates"] for p in result["phases"]) else 1
 
 

@@ -30,29 +30,35 @@ import argparse
 import asyncio
 import sys
 import time
+import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dispatch import BenchDatabase, add_database_url_arg, percentile, positive_int
 from harness import (
-    Profiler,
+    BENCH_KEY_RING,
+    BenchDatabase,
     Service,
+    add_database_url_arg,
     add_service_args,
+    add_yardstick_args,
     jobs_insert_series,
-    last_json_line,
     load_peer,
+    migrated_engine,
+    parse_args,
     parse_env,
-    print_profile,
+    percentile,
+    positive_int,
+    print_result,
     run_bench,
     runs_insert_for_finished,
-    target_for,
+    target_in_store,
     wait_partitions_owned,
 )
+from profiles import brief, print_profile, profiled
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import create_engine
-from app.db.migrate import migrate_to_head
 from app.store.claims import job_claim_due
 from app.store.partitions import Held, partition_acquire, partition_release
 
@@ -68,7 +74,7 @@ async def claim_latency(engine: AsyncEngine, held: Held, batch: int, repeats: in
         for _ in range(repeats):
             transaction = await conn.begin()
             t = time.perf_counter()
-            jobs = await job_claim_due(conn, OWNER, batch, 60.0, held)
+            jobs = await job_claim_due(conn, BENCH_KEY_RING, OWNER, batch, 60.0, held)
             times.append((time.perf_counter() - t) * 1000)
             claimed = len(jobs)
             await transaction.rollback()
@@ -97,39 +103,33 @@ async def count_table(engine: AsyncEngine, sql: str) -> int:
 
 
 async def drain(
-    args: argparse.Namespace, engine: AsyncEngine, url: str, workdir: Path, rx: Any, target_id: Any
+    args: argparse.Namespace, engine: AsyncEngine, url: str, workdir: Path, rx: Any, target_id: uuid.UUID
 ) -> dict[str, Any]:
     """--drain jobs due within one second, delivered by the real scheduler process."""
     n = args.drain
     service = Service(args.cronhook_cmd, url, workdir / "cronhook.log", parse_env(args.env))
-    profiler: Profiler | None = None
     out: dict[str, Any] = {"jobs": n, "cmd": args.cronhook_cmd}
     try:
         await asyncio.to_thread(service.start)
-        await wait_partitions_owned(engine, service)
-        first_due = time.time() + 2.0 + n / 10_000  # inserting into the big table is slower
+        await wait_partitions_owned(engine, service.check_alive, args.settle_s)
+        first_due = time.time() + args.lead_s + n / 10_000  # inserting into the big table is slower
         async with engine.begin() as conn:
             await jobs_insert_series(conn, target_id, n, first_due, 1.0 / n)
             await conn.execute(text("ANALYZE jobs"))
         out["created_before_due"] = time.time() < first_due
         await asyncio.sleep(max(0.0, first_due - time.time()))
         cpu0 = service.cpu_s()
-        if args.profile:
-            profiler = Profiler(Path(args.profile), "scale-drain", service.pid)
-        deadline = first_due + args.drain_deadline
-        while time.time() < deadline and (rx.count() or 0) < n:
-            service.check_alive()
-            await asyncio.sleep(0.25)
-        cpu_s = service.cpu_s() - cpu0
-        if profiler is not None:
-            profile = profiler.stop()
-            profiler = None
+        with profiled(args.profile, "scale-drain", service.pid) as profile:
+            deadline = first_due + args.drain_deadline
+            while time.time() < deadline and (rx.count() or 0) < n:
+                service.check_alive()
+                await asyncio.sleep(0.25)
+            cpu_s = service.cpu_s() - cpu0
+        if profile:
             print_profile("scheduler during the drain", profile)
-            out["profile"] = {k: v for k, v in profile.items() if k != "inclusive_pct"}
-        rx.settle(n, quiet_s=1.0, timeout=5.0)
+            out["profile"] = brief(profile)
+        rx.settle(n, quiet_s=args.quiet_s, timeout=5.0)
     finally:
-        if profiler is not None:
-            profiler.stop()
         await asyncio.to_thread(service.stop)
         rx.stop()
     fig = load_peer("side_by_side").figures(rx.records(), first_due, n)
@@ -150,67 +150,70 @@ async def drain(
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     sbs = load_peer("side_by_side", args.peers_dir)
     rx = sbs.Receiver(load_peer("env").ensure_peers_venv(), workdir, "drain")
-    database = BenchDatabase(args.database_url)
-    engine: AsyncEngine | None = None
     result: dict[str, Any] = {"bench": "scale", "batch": args.batch, "repeats": args.repeats}
     try:
-        url = await database.start()
-        engine = create_engine(url, pool_size=2)
-        await migrate_to_head(engine)
-        target_id = await target_for(engine, None, rx.url + "/hook")
-        held = await hold_all(engine)
-        result["empty_idle"] = await claim_latency(engine, held, args.batch, args.repeats)
-        async with engine.begin() as conn:
-            await jobs_insert_series(conn, target_id, 1000, time.time() - 60, 0.001)
-            await conn.execute(text("ANALYZE jobs"))
-        result["empty_batch"] = await claim_latency(engine, held, args.batch, args.repeats)
-        print(f"empty table: idle claim {result['empty_idle']}, claim of {args.batch}: {result['empty_batch']}")
-
-        t = time.monotonic()
-        async with engine.begin() as conn:
-            await jobs_insert_series(conn, target_id, args.not_due, time.time() + DAY_S, 0.1)
-            await jobs_insert_series(conn, target_id, args.finished, time.time() - 30 * DAY_S, 1.0, "succeeded")
-            await runs_insert_for_finished(conn)
-        async with engine.connect() as conn:
-            await conn.execute(text("COMMIT"))  # ANALYZE outside a transaction block
-            await conn.execute(text("ANALYZE jobs"))
-            await conn.execute(text("ANALYZE runs"))
-        result["fill_s"] = round(time.monotonic() - t, 1)
-        result["rows"] = {
-            "jobs": await count_table(engine, "SELECT count(*) FROM jobs"),
-            "runs": await count_table(engine, "SELECT count(*) FROM runs"),
-        }
-        result["big_batch"] = await claim_latency(engine, held, args.batch, args.repeats)
-        print(f"{result['rows']} (filled in {result['fill_s']} s): claim of {args.batch}: {result['big_batch']}")
-
-        async with engine.begin() as conn:
-            await conn.execute(text("DELETE FROM jobs WHERE state = 'scheduled' AND run_at <= now()"))
-        await release(engine, held)
-        result["drain"] = await drain(args, engine, url, workdir, rx, target_id)
-        print(f"drain: {result['drain']}")
-
-        held = await hold_all(engine)
-        result["big_idle"] = await claim_latency(engine, held, args.batch, args.repeats)
-        print(f"big table after the drain: idle claim {result['big_idle']}")
-        async with engine.connect() as conn:
-            await conn.execute(text("COMMIT"))  # VACUUM outside a transaction block
-            await conn.execute(text("VACUUM ANALYZE jobs"))
-        result["big_idle_vacuumed"] = await claim_latency(engine, held, args.batch, args.repeats)
-        print(f"... after VACUUM (the drain's dead index entries gone): {result['big_idle_vacuumed']}")
-        result["claim_ratio_big_vs_empty"] = {
-            "batch_p50": round(result["big_batch"]["ms_p50"] / result["empty_batch"]["ms_p50"], 2),
-            "idle_p50": round(result["big_idle"]["ms_p50"] / result["empty_idle"]["ms_p50"], 2),
-            "idle_vacuumed_p50": round(result["big_idle_vacuumed"]["ms_p50"] / result["empty_idle"]["ms_p50"], 2),
-        }
+        async with BenchDatabase(args.database_url) as url:
+            engine = await migrated_engine(url)
+            try:
+                await measure(args, engine, url, workdir, rx, result)
+            finally:
+                await engine.dispose()
     finally:
         rx.stop()
-        if engine is not None:
-            await engine.dispose()
-        await database.stop()
     return result
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+async def measure(
+    args: argparse.Namespace, engine: AsyncEngine, url: str, workdir: Path, rx: Any, result: dict[str, Any]
+) -> None:
+    target_id = await target_in_store(engine, rx.url + "/hook")
+    held = await hold_all(engine)
+    result["empty_idle"] = await claim_latency(engine, held, args.batch, args.repeats)
+    async with engine.begin() as conn:
+        await jobs_insert_series(conn, target_id, 1000, time.time() - 60, 0.001)
+        await conn.execute(text("ANALYZE jobs"))
+    result["empty_batch"] = await claim_latency(engine, held, args.batch, args.repeats)
+    print(f"empty table: idle claim {result['empty_idle']}, claim of {args.batch}: {result['empty_batch']}")
+
+    t = time.monotonic()
+    async with engine.begin() as conn:
+        await jobs_insert_series(conn, target_id, args.not_due, time.time() + DAY_S, 0.1)
+        await jobs_insert_series(conn, target_id, args.finished, time.time() - 30 * DAY_S, 1.0, "succeeded")
+        await runs_insert_for_finished(conn)
+    async with engine.connect() as conn:
+        await conn.execute(text("COMMIT"))  # ANALYZE outside a transaction block
+        await conn.execute(text("ANALYZE jobs"))
+        await conn.execute(text("ANALYZE runs"))
+    result["fill_s"] = round(time.monotonic() - t, 1)
+    result["rows"] = {
+        "jobs": await count_table(engine, "SELECT count(*) FROM jobs"),
+        "runs": await count_table(engine, "SELECT count(*) FROM runs"),
+    }
+    result["big_batch"] = await claim_latency(engine, held, args.batch, args.repeats)
+    print(f"{result['rows']} (filled in {result['fill_s']} s): claim of {args.batch}: {result['big_batch']}")
+
+    async with engine.begin() as conn:
+        await conn.execute(text("DELETE FROM jobs WHERE state = 'scheduled' AND run_at <= now()"))
+    await release(engine, held)
+    result["drain"] = await drain(args, engine, url, workdir, rx, target_id)
+    print(f"drain: {result['drain']}")
+
+    held = await hold_all(engine)
+    result["big_idle"] = await claim_latency(engine, held, args.batch, args.repeats)
+    print(f"big table after the drain: idle claim {result['big_idle']}")
+    async with engine.connect() as conn:
+        await conn.execute(text("COMMIT"))  # VACUUM outside a transaction block
+        await conn.execute(text("VACUUM ANALYZE jobs"))
+    result["big_idle_vacuumed"] = await claim_latency(engine, held, args.batch, args.repeats)
+    print(f"... after VACUUM (the drain's dead index entries gone): {result['big_idle_vacuumed']}")
+    result["claim_ratio_big_vs_empty"] = {
+        "batch_p50": round(result["big_batch"]["ms_p50"] / result["empty_batch"]["ms_p50"], 2),
+        "idle_p50": round(result["big_idle"]["ms_p50"] / result["empty_idle"]["ms_p50"], 2),
+        "idle_vacuumed_p50": round(result["big_idle_vacuumed"]["ms_p50"] / result["empty_idle"]["ms_p50"], 2),
+    }
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--not-due", type=positive_int, default=1_000_000, help="scheduled jobs due days ahead")
     parser.add_argument("--finished", type=positive_int, default=1_000_000, help="succeeded jobs, one run each")
@@ -218,15 +221,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=positive_int, default=30, help="claims timed per figure")
     parser.add_argument("--drain", type=positive_int, default=100_000, help="jobs due within one second")
     parser.add_argument("--drain-deadline", type=float, default=240.0, help="seconds the drain may take")
+    parser.add_argument(
+        "--lead-s", type=float, default=2.0, help="seconds from the drain's insert to its first due time"
+    )
+    parser.add_argument("--quiet-s", type=float, default=1.0, help="receiver quiet this long before its log is read")
     add_database_url_arg(parser)
     add_service_args(parser, "cronhook scheduler")
-    return parser.parse_args(argv)
+    add_yardstick_args(parser)
+    smoke: dict[str, Any] = {"not_due": 200, "finished": 200, "repeats": 2, "drain": 100, "drain_deadline": 20.0}
+    smoke |= {"lead_s": 0.5, "quiet_s": 0.2, "settle_s": 0.2, "cronhook_cmd": "cronhook scheduler --processes 1"}
+    return parse_args(parser, argv, smoke)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
     result = run_bench("cronhook-scale-", lambda workdir: asyncio.run(run(args, workdir)))
-    last_json_line(result)
+    print_result(result)
     drained = result.get("drain", {})
     return 0 if drained.get("lost") == 0 and not drained.get("duplicates") else 1
 

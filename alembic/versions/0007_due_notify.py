@@ -9,7 +9,7 @@ the longest poll interval: anything later is found by the next poll anyway.
 
 jobs is a queue: every claim and outcome leaves dead tuples in its partial due index, and
 the default autovacuum (20 % of the table) let a drained backlog's dead entries slow the idle
-claim 4.6 x on a 2M-row table (bench/README.md). Vacuum it after 1 % (at least 1,000 rows).
+claim 4.6 x on a 2M-row table (bench/log/2026-11-23-baseline.md). Vacuum it after 1 % (at least 1,000 rows).
 
 Revision ID: 0007
 Revises: 0006

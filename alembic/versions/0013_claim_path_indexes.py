@@ -2,7 +2,8 @@
 
 Every claim and every outcome writes a new version of the job's row, and so a new entry into
 each index whose predicate the row meets (a state change is never a HOT update). Measured
-on a serial claim/outcome loop (bench/README.md, "Fewer indexes"), each index cost ~5 us of
+on a serial claim/outcome loop (bench/log/2026-11-26-one-statement-per-create.md, "Fewer
+indexes"), each index cost ~5 us of
 PostgreSQL's CPU a delivery, and the runs -> jobs foreign key ~8 us (its check locks the
 job's row FOR KEY SHARE, a write and a WAL record per run).
 

@@ -3,7 +3,7 @@
 Each checked a created job's tenant and target with a query of its own per row (an SPI
 statement in an AFTER trigger) that also share-locked their rows: every create of a tenant
 then wrote a lock (and, with creates in flight together, a new MultiXact) on the one tenant
-row. Measured on batch creates (bench/README.md, "One statement per create"), the two cost
+row. Measured on batch creates (bench/log/2026-11-26-one-statement-per-create.md), the two cost
 ~26 % of PostgreSQL's CPU a job; on single creates, ~6 %.
 
 What they guaranteed holds without them:

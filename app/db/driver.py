@@ -2,7 +2,7 @@
 
 SQLAlchemy's execution of a statement (compiled-cache look-up, parameter processing, cursor
 and result wrappers, a greenlet hop each way) costs about 75 µs of CPU here, as much as
-asyncpg's own work; a single create runs two statements (bench/README.md, "The lean create").
+asyncpg's own work; a single create runs two statements (bench/log/2026-11-25-lean-create.md).
 A `DriverStatement` is compiled once, per dialect, to its SQL and positional parameter order;
 each call hands the values to asyncpg, which keeps the prepared statement per connection.
 

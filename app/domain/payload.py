@@ -53,7 +53,7 @@ def storable_text(text: str, max_chars: int) -> str:
 
 def check_json_payload(value: Any, depth: int = 0) -> Any:
     """A JSON value that JSONB can store: JSON's types only (pydantic's JsonValue checked that
-    too, at 3x the cost on a batch: bench/README.md), and not what JSON parsers accept but
+    too, at 3x the cost on a batch: bench/log/2026-11-23-baseline.md), and not what JSON parsers accept but
     JSONB refuses: NaN/Infinity, NUL, unpaired surrogates. Raises PayloadError."""
     if depth > MAX_DEPTH:
         raise PayloadError(f"is nested more than {MAX_DEPTH} levels deep")

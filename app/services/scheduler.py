@@ -263,7 +263,8 @@ class Scheduler:
     def _capacity(self) -> int:
         # A delivery holds its slot until its outcome is recorded: more POSTs in flight than
         # `concurrency` would only lengthen the group commit's queue, and the leases' clocks.
-        # (Freeing the slot at the answer instead made no difference in a burst: bench/README.)
+        # (Freeing the slot at the answer instead made no difference in a burst:
+        # bench/log/2026-11-25-webhook-client.md.)
         return self.config.concurrency - len(self._tasks)
 
     async def _deliver(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> None:

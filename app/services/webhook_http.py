@@ -2,9 +2,9 @@
 request, the response parsed by httptools (llhttp, the parser behind uvicorn and Node.js).
 
 Why not aiohttp, which cronhook used before: a POST through aiohttp's ClientSession cost
-78-85 us of CPU on this box, against 13 us for a protocol on the event loop (bench/README.md,
-"The webhook client"); deliveries are the scheduler's hot path. This client does only what a
-webhook POST needs, and the rules a delivery must keep:
+78-85 us of CPU on this box, against 13 us for a protocol on the event loop
+(bench/log/2026-11-25-webhook-client.md); deliveries are the scheduler's hot path. This client
+does only what a webhook POST needs, and the rules a delivery must keep:
 
 - no redirects: a 3xx is an answer like any other;
 - a total deadline per request, connecting included (`timeout_s`);

@@ -53,7 +53,8 @@ async def test_the_client_verbs_drive_a_live_server(receiver: Receiver, db_url: 
         await wait_for(lambda: len(receiver.requests) == 1, timeout=20, message="the triggered delivery")
 
         async def child_succeeded() -> bool:
-            return (await cli_json(server, "jobs", "get", triggered["id"]))["state"] == "succeeded"
+            state: str = (await cli_json(server, "jobs", "get", triggered["id"]))["state"]
+            return state == "succeeded"
 
         await wait_for(child_succeeded, timeout=10, interval=0.2, message="trigger recorded")
         runs = await cli_json(server, "jobs", "runs", triggered["id"])

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import json
 import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import ColumnElement, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.claims import job_claim_due
@@ -34,8 +36,10 @@ from tests.e2e.test_processes import Processes, base_env
 from tests.factories import expire_leases, make_jobs_bulk, make_tenant_and_target
 from tests.receiver import Receiver, Reply, wait_for
 
-# Several processes, thousands of deliveries: minutes on two busy cores, not seconds.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+# Several processes, thousands of deliveries: minutes on two busy cores, not seconds. One
+# xdist worker runs these and tests/e2e/test_faults.py one at a time (`make pytest`): two such
+# loads at once starve a receiver past its deliveries' timeouts.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420), pytest.mark.xdist_group("cluster")]
 
 JOB_LEASE_S = 15.0
 MAX_TARGET_TIMEOUT_S = 5.0
@@ -92,7 +96,7 @@ async def wait_for_fair_shares(engine: AsyncEngine, names: list[str], timeout: f
     return time.monotonic() - started
 
 
-async def count_jobs(engine: AsyncEngine, *conditions: Any) -> int:
+async def count_jobs(engine: AsyncEngine, *conditions: ColumnElement[bool]) -> int:
     async with engine.connect() as conn:
         return int(await conn.scalar(select(func.count()).select_from(jobs).where(*conditions)) or 0)
 
@@ -110,7 +114,9 @@ async def run_counts(engine: AsyncEngine) -> Counter[tuple[str, str | None]]:
 STALL_S = 4 * (JOB_LEASE_S + PARTITION_LEASE_S + REAPER_INTERVAL_S)
 
 
-async def wait_while_progressing(progress: Any, done: Any, message: str) -> None:
+async def wait_while_progressing(
+    progress: Callable[[], Awaitable[int]], done: Callable[[], Awaitable[bool]], message: str
+) -> None:
     """Waits for `done()`, failing only if `progress()` (a count) stops rising for STALL_S."""
     last, last_change = -1, time.monotonic()
     while True:
@@ -496,7 +502,7 @@ async def test_two_reapers_over_500_expired_leases_handle_each_exactly_once(
     procs.start("reaper-1", ["reaper"], env)
     procs.start("reaper-2", ["reaper"], env)
     for name in ("reaper-1", "reaper-2"):
-        await wait_for(lambda n=name: log_events(procs.log_dir / f"{n}.log", "reaper_started"), timeout=30)
+        await wait_for(functools.partial(log_events, procs.log_dir / f"{name}.log", "reaper_started"), timeout=30)
     # Both are polling when the 500 leases expire at once.
     await expire_leases(engine)
 

@@ -11,7 +11,7 @@ import asyncio
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -20,6 +20,9 @@ from tests.e2e.live_server import LiveServer, live_server
 from tests.e2e.test_processes import Processes
 from tests.receiver import Receiver, Reply, wait_for
 
+if TYPE_CHECKING:
+    from selenium.webdriver.chrome.webdriver import WebDriver
+
 pytestmark = pytest.mark.e2e
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -27,7 +30,7 @@ CHROMEDRIVER = shutil.which("chromedriver")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _browser() -> Any:
+def _browser() -> WebDriver:
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.skip("no headless Chromium here: apt-get install chromium chromium-driver (.ci/run does in CI)")
     from selenium import webdriver

@@ -21,7 +21,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,6 +192,11 @@ def assert_delivered_once_but_in_flight(receiver: Receiver, expected: int, in_fl
     )
 
 
+def logged(services: Processes, role: Role, event: str) -> Callable[[], list[dict[str, Any]]]:
+    """A wait_for predicate: `event` in the role's log, read again at each poll."""
+    return lambda: events(services.log(role.name), event)
+
+
 async def roles_delivering(services: Processes, drill: Drill, receiver: Receiver, jobs: int) -> tuple[Role, Role]:
     """A scheduler and a reaper, ready, with `jobs` delivered through them: the steady state
     every drill breaks."""
@@ -226,7 +231,7 @@ async def test_failover_to_the_synchronous_standby_loses_nothing(
 
         for role in (scheduler, reaper):
             await wait_for(
-                lambda r=role: events(services.log(r.name), f"{r.name}_db_unavailable"),
+                logged(services, role, f"{role.name}_db_unavailable"),
                 timeout=30,
                 message=f"{role.name} saw the outage",
             )
@@ -290,7 +295,7 @@ async def test_a_commit_stall_warns_fails_readiness_and_clears_without_a_restart
             in_flight |= await leased_webhook_ids(conn)
         for role in (scheduler, reaper):
             await wait_for(
-                lambda r=role: events(services.log(r.name), "database_stall_cleared"),
+                logged(services, role, "database_stall_cleared"),
                 timeout=30,
                 message=f"{role.name}'s stall cleared",
             )
@@ -339,7 +344,7 @@ async def test_a_lock_held_by_another_session_is_named_in_the_warning(
             assert len(events(services.log("scheduler"), "database_stalled")) >= 2, "no repeat while it lasted"
         for role in (scheduler, reaper):
             await wait_for(
-                lambda r=role: events(services.log(r.name), "database_stall_cleared"),
+                logged(services, role, "database_stall_cleared"),
                 timeout=30,
                 message=f"{role.name}'s stall cleared",
             )

@@ -9,6 +9,7 @@ The outage lasts CRONHOOK_TEST_OUTAGE_S seconds (default 6; the issue's figure i
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import uuid
@@ -122,7 +123,7 @@ async def test_refused_connections_and_a_claim_timeout_are_waited_out_logged_onc
         await wait_for(lambda: delivered(10), timeout=30, message="deliveries after the outage")
         for service in ("scheduler", "reaper"):
             await wait_for(
-                lambda s=service: events(log, f"{s}_db_recovered"), timeout=30, message=f"{service} recovered"
+                functools.partial(events, log, f"{service}_db_recovered"), timeout=30, message=f"{service} recovered"
             )
             # Once per episode, however many passes failed meanwhile.
             assert len(warnings_of(log, f"{service}_db_unavailable")) == 1, service

@@ -77,7 +77,8 @@ async def test_inspect_filter_replay_and_delete(
 
     async def replay_delivered() -> bool:
         await scheduler.run_once()
-        return (await client.get(f"/v1/jobs/{new_job['id']}", headers=auth)).json()["state"] == "succeeded"
+        state: str = (await client.get(f"/v1/jobs/{new_job['id']}", headers=auth)).json()["state"]
+        return state == "succeeded"
 
     await wait_for(replay_delivered, timeout=60, message="replay delivered")
     replayed = (await client.get(f"/v1/dead-letters/{letter['id']}", headers=auth)).json()

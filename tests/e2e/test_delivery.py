@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import inspect
 import itertools
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -22,13 +24,13 @@ from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
 
 
-async def drive(scheduler: Scheduler, until: Any, timeout: float = 60.0, message: str = "") -> None:
-    """Runs scheduler passes (as run_forever would) until `until()` holds."""
+async def drive(scheduler: Scheduler, until: Callable[[], object], timeout: float = 60.0, message: str = "") -> None:
+    """Runs scheduler passes (as run_forever would) until `until()` holds (it may be async)."""
 
     async def step() -> bool:
         await scheduler.run_once()
         result = until()
-        if hasattr(result, "__await__"):
+        if inspect.isawaitable(result):
             result = await result
         return bool(result)
 
@@ -39,6 +41,11 @@ async def get_job(client: httpx.AsyncClient, auth: dict[str, str], job_id: str) 
     response = await client.get(f"/v1/jobs/{job_id}", headers=auth)
     body: dict[str, Any] = response.json()
     return body
+
+
+async def job_state(client: httpx.AsyncClient, auth: dict[str, str], job_id: str) -> str:
+    state: str = (await get_job(client, auth, job_id))["state"]
+    return state
 
 
 async def get_runs(client: httpx.AsyncClient, auth: dict[str, str], job_id: str) -> list[dict[str, Any]]:
@@ -92,7 +99,7 @@ async def test_failing_twice_then_ok_gives_three_runs_and_success(
     job = await make_job(client, auth, target["id"], max_attempts=5, backoff_base_s=0.05, backoff_max_s=0.2)
 
     async def done() -> bool:
-        return (await get_job(client, auth, job["id"]))["state"] == "succeeded"
+        return await job_state(client, auth, job["id"]) == "succeeded"
 
     await drive(scheduler, done, message="success after retries")
     runs = await get_runs(client, auth, job["id"])
@@ -115,7 +122,7 @@ async def test_always_failing_ends_dead_with_one_dead_letter(
     job = await make_job(client, auth, target["id"], max_attempts=3, backoff_base_s=0.05, backoff_max_s=0.1)
 
     async def dead() -> bool:
-        return (await get_job(client, auth, job["id"]))["state"] == "dead"
+        return await job_state(client, auth, job["id"]) == "dead"
 
     await drive(scheduler, dead, message="dead")
     for _ in range(5):
@@ -222,7 +229,7 @@ async def test_a_huge_response_is_read_only_up_to_64_kb(
         job = await make_job(client, auth, target["id"], max_attempts=1)
 
         async def dead() -> bool:
-            return (await get_job(client, auth, job["id"]))["state"] == "dead"
+            return await job_state(client, auth, job["id"]) == "dead"
 
         await drive(scheduler, dead, message="dead")
     finally:
@@ -250,7 +257,7 @@ async def test_the_reaper_retries_a_delivery_whose_lease_expired(
 
     async def rescued() -> bool:
         await reaper.run_once()
-        return (await get_job(client, auth, job["id"]))["state"] == "retrying"
+        return await job_state(client, auth, job["id"]) == "retrying"
 
     await wait_for(rescued, timeout=30, message="reaped")
     sched = Scheduler(engine, SchedulerConfig.from_settings(settings), TEST_KEY_RING)
@@ -290,7 +297,7 @@ async def test_a_non_retryable_answer_dead_letters_at_once_and_retry_after_is_ho
     gone = await make_job(client, auth, gone_target["id"], max_attempts=5, backoff_base_s=0.05)
 
     async def dead() -> bool:
-        return (await get_job(client, auth, gone["id"]))["state"] == "dead"
+        return await job_state(client, auth, gone["id"]) == "dead"
 
     await drive(scheduler, dead, message="404 dead-lettered")
     (run,) = await get_runs(client, auth, gone["id"])
@@ -302,7 +309,7 @@ async def test_a_non_retryable_answer_dead_letters_at_once_and_retry_after_is_ho
     busy = await make_job(client, auth, busy_target["id"], max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.02)
 
     async def succeeded() -> bool:
-        return (await get_job(client, auth, busy["id"]))["state"] == "succeeded"
+        return await job_state(client, auth, busy["id"]) == "succeeded"
 
     await drive(scheduler, succeeded, message="429 then success")
     first, second = [r for r in receiver.requests if r.path == "/busy"]

@@ -74,7 +74,8 @@ async def job_to(engine: AsyncEngine, url: str) -> tuple[uuid.UUID, uuid.UUID]:
 
 async def state_of(engine: AsyncEngine, job_id: uuid.UUID) -> str:
     async with engine.connect() as conn:
-        state: str = await conn.scalar(select(jobs.c.state).where(jobs.c.id == job_id))
+        state: str | None = await conn.scalar(select(jobs.c.state).where(jobs.c.id == job_id))
+    assert state is not None
     return state
 
 

@@ -31,6 +31,9 @@ from tests.e2e.test_processes import Processes, base_env
 from tests.factories import make_jobs, make_jobs_bulk, make_tenant_and_target
 from tests.receiver import Receiver, Reply, wait_for
 
+# Replica clusters like tests/e2e/test_cluster.py's: on its xdist worker, one at a time.
+pytestmark = pytest.mark.xdist_group("cluster")
+
 
 async def wait_all_succeeded(engine: AsyncEngine, timeout: float) -> None:
     async def done() -> bool:

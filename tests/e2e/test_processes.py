@@ -146,7 +146,8 @@ async def test_sigkill_mid_delivery_then_the_reaper_returns_the_job_and_it_is_de
     procs.start("scheduler-b", ["scheduler"], {**env, "CRONHOOK_REPLICA_ID": "survivor"})
 
     async def succeeded() -> bool:
-        return (await client.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"] == "succeeded"
+        state: str = (await client.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"]
+        return state == "succeeded"
 
     await wait_for(succeeded, timeout=60, interval=0.1, message="redelivery after lease expiry")
     first, second = receiver.requests[0], receiver.requests[-1]
@@ -179,7 +180,8 @@ async def test_cronhook_up_serves_the_api_and_delivers_then_stops_on_sigterm(
         await wait_for(lambda: len(receiver.requests) == 1, timeout=60, message="delivery via cronhook up")
 
         async def succeeded() -> bool:
-            return (await http.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"] == "succeeded"
+            state: str = (await http.get(f"/v1/jobs/{job['id']}", headers=auth)).json()["state"]
+            return state == "succeeded"
 
         await wait_for(succeeded, timeout=30, message="succeeded")
     assert procs.terminate(service) == 0

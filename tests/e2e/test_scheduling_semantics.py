@@ -7,7 +7,9 @@ while its fire times passed; the scheduler is then driven with run_once().
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import itertools
+from collections.abc import Callable
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -19,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.services.scheduler import Scheduler
 from app.store.tables import jobs
 from tests.conftest import make_job, make_target
-from tests.e2e.test_delivery import drive, get_job, get_runs
+from tests.e2e.test_delivery import drive, get_job, get_runs, job_state
 from tests.problems import assert_problem
 from tests.receiver import Receiver, Reply, wait_for
 
@@ -39,7 +41,7 @@ def scheduled_fors_of(receiver: Receiver, job_id: str) -> list[dt.datetime]:
 async def outage(engine: AsyncEngine, job_id: str, down_s: float, paused: bool = False) -> dt.datetime:
     """The job's first fire time was `down_s` ago and nothing ran since; returns it."""
     async with engine.begin() as conn:
-        first = await conn.scalar(select(func.now() - dt.timedelta(seconds=down_s)))
+        first: dt.datetime | None = await conn.scalar(select(func.now() - dt.timedelta(seconds=down_s)))
         times = {"schedule_anchor_at": first, "scheduled_for": first}
         await conn.execute(
             update(jobs).where(jobs.c.id == job_id).values(**times, **({} if paused else {"run_at": first}))
@@ -170,13 +172,13 @@ async def test_overlap_forbid_skips_fire_times_that_come_due_during_a_slow_deliv
     assert runs.count("skipped_overlap") >= 2
 
 
-async def run_without_waiting(scheduler: Scheduler, until: Any, timeout: float, message: str) -> None:
+async def run_without_waiting(scheduler: Scheduler, until: Callable[[], object], timeout: float, message: str) -> None:
     """Scheduler passes that, like run_forever, do not wait for their deliveries to finish."""
 
     async def step() -> bool:
         await scheduler.tick()
         result = until()
-        return bool(await result if hasattr(result, "__await__") else result)
+        return bool(await result if inspect.isawaitable(result) else result)
 
     await wait_for(step, timeout=timeout, interval=0.05, message=message)
 
@@ -219,7 +221,7 @@ async def test_overlap_allow_still_honours_max_runs(
     job = await start(client, auth, receiver, every_s=1, overlap_policy="allow", max_runs=2)
 
     async def ended() -> bool:
-        return (await get_job(client, auth, job["id"]))["state"] == "succeeded"
+        return await job_state(client, auth, job["id"]) == "succeeded"
 
     await run_without_waiting(scheduler, ended, 60, "the schedule ended")
     await run_without_waiting(scheduler, lambda: len(receiver.requests) == 2, 60, "both occurrences delivered")

@@ -17,17 +17,17 @@ from app.store.tables import targets
 from tests.conftest import make_job, make_target
 from tests.e2e.test_delivery import drive
 from tests.problems import assert_problem
-from tests.receiver import Receiver
+from tests.receiver import Received, Receiver
 
 
-def _signatures(request: object) -> list[str]:
-    return request.headers["webhook-signature"].split(" ")  # type: ignore[attr-defined,no-any-return]
+def _signatures(request: Received) -> list[str]:
+    return request.headers["webhook-signature"].split(" ")
 
 
-def _expected(secret: str, request: object) -> str:
-    headers = request.headers  # type: ignore[attr-defined]
+def _expected(secret: str, request: Received) -> str:
+    headers = request.headers
     key = base64.b64decode(secret.removeprefix("whsec_"))
-    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + request.body  # type: ignore[attr-defined]
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + request.body
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
 
 

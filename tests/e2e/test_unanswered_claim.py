@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from typing import Any, NoReturn
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.services.scheduler import Scheduler
 from app.store import claims
@@ -31,7 +32,7 @@ async def job_rows(engine: AsyncEngine, ids: list[uuid.UUID]) -> dict[uuid.UUID,
 
 
 async def test_what_an_unanswered_claim_leased_is_handed_back_and_delivered_once(
-    engine: AsyncEngine, scheduler: Scheduler, receiver: Receiver, monkeypatch: object
+    engine: AsyncEngine, scheduler: Scheduler, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tenant, target = await make_tenant_and_target(engine, receiver.url())
     owner = scheduler.config.replica_id
@@ -48,13 +49,13 @@ async def test_what_an_unanswered_claim_leased_is_handed_back_and_delivered_once
     lost = await make_jobs(engine, tenant, target, 5)
     real_claim = claims.job_claim_batch
 
-    async def claim_then_lose_the_answer(conn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def claim_then_lose_the_answer(conn: AsyncConnection, *args: Any, **kwargs: Any) -> NoReturn:
         await real_claim(conn, *args, **kwargs)
         raise OperationalError("claim", None, ConnectionResetError("connection lost after the commit"))
 
     import app.services.scheduler as scheduler_module
 
-    with monkeypatch.context() as patch:  # type: ignore[attr-defined]
+    with monkeypatch.context() as patch:
         patch.setattr(scheduler_module, "job_claim_batch", claim_then_lose_the_answer)
         try:
             await scheduler.run_once()

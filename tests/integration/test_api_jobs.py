@@ -312,12 +312,13 @@ async def test_schedule_preview_shows_fire_times_with_offsets_across_dst(
         assert local.utcoffset() == local.astimezone(berlin).utcoffset()
     assert await job_count(engine) == 0  # a preview creates nothing
 
-    for params, field in (
+    refused: list[tuple[dict[str, str | int], str]] = [
         ({"cron": "0 0 30 2 *"}, "cron"),
         ({"cron": "* * * * *", "timezone": "Mars/Base"}, "timezone"),
         ({"cron": "* * * * *", "count": 0}, "count"),
         ({}, "cron"),
-    ):
+    ]
+    for params, field in refused:
         bad = await client.get("/v1/schedules/preview", params=params, headers=auth)
         assert bad.status_code == 422, (params, bad.text)
         assert bad.json()["errors"][0]["field"] == field

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 

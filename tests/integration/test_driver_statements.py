@@ -13,6 +13,7 @@ from sqlalchemy import DateTime, Float, bindparam, func, literal, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import QueuePool
 
 from app.db.driver import DriverStatement, driver_fetch_all, driver_fetch_one
 from app.db.errors import is_transient_db_error
@@ -116,7 +117,11 @@ async def test_a_cancelled_or_timed_out_statement_ends_as_cancelled_and_frees_it
 
     async def sleeping() -> bool:
         async with engine.connect() as conn:
-            running = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_sleep%'"
+            # This test's database only: other xdist workers may share the server.
+            running = (
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state = 'active' AND query LIKE '%pg_sleep%'"
+            )
             return bool(await conn.scalar(text(running + " AND pid <> pg_backend_pid()")))
 
     task = asyncio.create_task(sleep_in_autocommit())
@@ -128,7 +133,9 @@ async def test_a_cancelled_or_timed_out_statement_ends_as_cancelled_and_frees_it
     assert task.cancelled()
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(sleep_in_autocommit(), timeout=0.3)
-    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    pool = engine.pool
+    assert isinstance(pool, QueuePool)
+    assert pool.checkedout() == 0
     # The pool still serves.
     async with engine.connect() as conn:
         await conn.execution_options(isolation_level="AUTOCOMMIT")

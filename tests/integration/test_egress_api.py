@@ -25,7 +25,8 @@ def settings(db_url: str) -> Settings:
 
 async def target_count(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
-        count: int = await conn.scalar(select(func.count()).select_from(targets))
+        count = await conn.scalar(select(func.count()).select_from(targets))
+    assert count is not None
     return count
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import column, func, select, table, update
+from sqlalchemy import FromClause, column, func, select, table, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
@@ -25,7 +25,7 @@ from tests.conftest import TEST_KEY_RING, make_target, new_tenant
 URL = "http://127.0.0.1:9/hook"
 
 
-async def count(engine: AsyncEngine, table_: Any) -> int:
+async def count(engine: AsyncEngine, table_: FromClause) -> int:
     async with engine.connect() as conn:
         return int(await conn.scalar(select(func.count()).select_from(table_)) or 0)
 
@@ -159,7 +159,8 @@ async def test_a_target_replay_carries_the_current_secret_which_is_never_stored(
 async def test_a_malformed_key_is_a_problem_naming_the_header(
     client: httpx.AsyncClient, auth: dict[str, str], target: dict[str, Any], engine: AsyncEngine, key: bytes
 ) -> None:
-    headers: dict[str, str | bytes] = {**auth, "Idempotency-Key": key}
+    # As bytes: httpx takes either str or bytes headers, not a mix.
+    headers = {name.encode(): value.encode() for name, value in auth.items()} | {b"Idempotency-Key": key}
     response = await client.post("/v1/jobs", json=job_body(target), headers=headers)
     assert response.status_code == 422, response.text
     assert response.headers["content-type"] == "application/problem+json"

@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import app.api.job_creates as job_creates
+import app.store.job_inserts as job_inserts
 from app.api.app import create_app
 from app.settings import Settings
 from app.store.tables import api_keys, audit_log, jobs
@@ -69,7 +70,7 @@ async def _known_key(client: httpx.AsyncClient, engine: AsyncEngine) -> tuple[di
     return auth, target["id"]
 
 
-async def _count(engine: AsyncEngine, *where: Any) -> int:
+async def _count(engine: AsyncEngine, *where: ColumnElement[bool]) -> int:
     async with engine.connect() as conn:
         return int(await conn.scalar(select(func.count()).select_from(jobs).where(*where)) or 0)
 
@@ -180,7 +181,7 @@ async def test_a_create_whose_answer_died_with_its_connection_is_answered_once(
     lean: httpx.AsyncClient, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch, outcomes: Outcomes
 ) -> None:
     auth, target_id = await _known_key(lean, engine)
-    original = job_creates.job_create_for_key
+    original = job_inserts.job_create_for_key  # the function job_creates calls
 
     async def committed_then_lost(*args: Any) -> Any:
         await original(*args)  # in autocommit: the job and its audit row are written

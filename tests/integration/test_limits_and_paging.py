@@ -30,7 +30,7 @@ DAY_S = 86_400
 
 async def db_now(engine: AsyncEngine) -> dt.datetime:
     async with engine.connect() as conn:
-        now = await conn.scalar(select(func.now()))
+        now: dt.datetime | None = await conn.scalar(select(func.now()))
     assert now is not None
     return now
 
@@ -101,7 +101,7 @@ async def test_bulk_replay_and_preview_are_capped_at_1000(
     assert await row_counts(engine) == before
     ok = await client.post("/v1/dead-letters/replay", json={"limit": 1000}, headers=auth)
     assert ok.status_code == 200 and ok.json()["replayed"] == []
-    params = {"cron": "* * * * * *", "count": 1001}
+    params: dict[str, str | int] = {"cron": "* * * * * *", "count": 1001}
     assert_problem(await client.get("/v1/schedules/preview", params=params, headers=auth), 422, "count")
     largest = await client.get("/v1/schedules/preview", params={**params, "count": 1000}, headers=auth)
     assert largest.status_code == 200 and len(largest.json()["fire_times"]) == 1000

@@ -37,7 +37,7 @@ async def add_jobs(engine: AsyncEngine, jobs: list[tuple[int, float]]) -> list[u
 
 
 async def claim_order(engine: AsyncEngine, count: int, aging_s: float) -> list[uuid.UUID]:
-    order = []
+    order: list[uuid.UUID] = []
     for _ in range(count):
         async with engine.begin() as conn:
             claimed = (await job_claim_batch(conn, TEST_KEY_RING, "r", 1, 30, aging_s=aging_s)).jobs

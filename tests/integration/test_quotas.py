@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import SecretStr
-from sqlalchemy import func, select
+from sqlalchemy import FromClause, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
@@ -45,7 +45,7 @@ async def _tenant(api: httpx.AsyncClient, name: str, **limits: Any) -> dict[str,
     return {"Authorization": f"Bearer {key}"}
 
 
-async def _count(engine: AsyncEngine, table: Any) -> int:
+async def _count(engine: AsyncEngine, table: FromClause) -> int:
     async with engine.connect() as conn:
         return int(await conn.scalar(select(func.count()).select_from(table)) or 0)
 

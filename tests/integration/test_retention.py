@@ -6,9 +6,8 @@ job keeps its newest runs. Rows are aged on the database's clock (tests.factorie
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, FromClause, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.services.reaper import Reaper, ReaperConfig
@@ -29,7 +28,7 @@ async def job_states(engine: AsyncEngine, ids: list[uuid.UUID]) -> dict[uuid.UUI
         return {row.id: row.state.value for row in rows}
 
 
-async def count(engine: AsyncEngine, table: Any, *conditions: Any) -> int:
+async def count(engine: AsyncEngine, table: FromClause, *conditions: ColumnElement[bool]) -> int:
     async with engine.connect() as conn:
         return int(await conn.scalar(select(func.count()).select_from(table).where(*conditions)) or 0)
 

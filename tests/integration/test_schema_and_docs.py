@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
@@ -20,9 +22,10 @@ OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
 
 
 async def test_migrations_at_head_match_the_table_definitions(engine: AsyncEngine) -> None:
-    def diff(sync_conn):  # type: ignore[no-untyped-def]
+    def diff(sync_conn: Connection) -> list[Any]:
         context = MigrationContext.configure(sync_conn, opts={"compare_type": True})
-        return compare_metadata(context, metadata)
+        differences: list[Any] = compare_metadata(context, metadata)
+        return differences
 
     async with engine.connect() as conn:
         assert await conn.run_sync(diff) == []

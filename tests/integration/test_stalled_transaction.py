@@ -45,7 +45,7 @@ async def test_rows_locked_by_a_stalled_transaction_are_claimable_after_the_time
 
         async def stalled_session_alive() -> bool:
             async with engine.connect() as watcher:
-                state = await watcher.scalar(
+                state: str | None = await watcher.scalar(
                     text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), {"pid": backend}
                 )
             return state == "idle in transaction"

@@ -139,8 +139,8 @@ class Reference:
         self.month = _field(_unname(month, MONTHS, 1), 1, 12)
         dom_items = [_day_of_month_item(item) for item in dom.upper().split(",")]
         dow_items = [_day_of_week_item(item) for item in _unname(dow, WEEKDAYS, 0).split(",")]
-        self.dom = lambda day: any(item(day) for item in dom_items)
-        self.dow = lambda day: any(item(day) for item in dow_items)
+        self.dom: Callable[[dt.date], bool] = lambda day: any(item(day) for item in dom_items)
+        self.dow: Callable[[dt.date], bool] = lambda day: any(item(day) for item in dow_items)
         # Vixie cron: "If either field begins with *, a day must match both; if both are
         # restricted, either may match."
         self.either_is_star = dom.startswith("*") or dow.startswith("*")

@@ -175,7 +175,7 @@ def random_start(rnd: random.Random, timezone: str) -> dt.datetime:
 
 def cases() -> list[tuple[str, str, dt.datetime]]:
     rnd = random.Random(SEED)
-    generated = []
+    generated: list[tuple[str, str, dt.datetime]] = []
     while len(generated) < CASES:
         expression = random_expression(rnd)
         timezone = rnd.choice(ZONES)

@@ -177,13 +177,14 @@ def test_an_external_database_without_a_key_ring_is_refused(tmp_path: Path, monk
 
 
 def test_no_primary_in_the_host_list_is_an_outage_with_its_reason() -> None:
-    from asyncpg.exceptions import TargetServerAttributeNotMatched
+    from asyncpg.exceptions import TargetServerAttributeNotMatched  # type: ignore[import-untyped]
     from sqlalchemy.exc import InternalError
 
     from app.db.errors import is_transient_db_error, outage_reason
 
-    wrapped = InternalError("connect", None, Exception("wrapped"))
-    wrapped.orig.__cause__ = TargetServerAttributeNotMatched("none of the hosts match")  # type: ignore[union-attr]
+    driver_error = Exception("wrapped")
+    driver_error.__cause__ = TargetServerAttributeNotMatched("none of the hosts match")
+    wrapped = InternalError("connect", None, driver_error)
     assert is_transient_db_error(wrapped)
     assert "is a primary" in outage_reason(wrapped)
     assert not is_transient_db_error(InternalError("x", None, Exception("a bug")))

@@ -322,7 +322,7 @@ def test_make_secrets_makes_what_is_missing_and_never_overwrites(
 
 def test_the_dashboard_and_scrape_config_name_real_metrics() -> None:
     exported = {
-        collector._name  # type: ignore[attr-defined]
+        collector._name
         for collector in vars(metrics).values()
         if hasattr(collector, "_name") and hasattr(collector, "_type")
     }

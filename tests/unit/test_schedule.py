@@ -22,8 +22,8 @@ from app.domain.schedule import (
 UTC = dt.UTC
 
 
-def utc(*args: int) -> dt.datetime:
-    return dt.datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> dt.datetime:
+    return dt.datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -132,8 +132,8 @@ def test_resolve_each_schedule_kind() -> None:
     ],
 )
 def test_resolve_rejects_bad_schedules_naming_the_field(fields: dict[str, object], field: str) -> None:
-    args: dict[str, object] = {"run_at": None, "delay_s": None, "cron": None, "timezone": None, "every_s": None}
+    args: dict[str, Any] = {"run_at": None, "delay_s": None, "cron": None, "timezone": None, "every_s": None}
     args.update(fields)
     with pytest.raises(ScheduleError) as err:
-        parse_schedule(now=NOW, **args)  # type: ignore[arg-type]
+        parse_schedule(now=NOW, **args)
     assert err.value.field == field

@@ -86,15 +86,17 @@ def test_a_server_shutting_down_is_an_outage_and_a_constraint_violation_is_not(
     from app.db.errors import is_transient_db_error
 
     class DriverError(Exception):
-        pass
+        sqlstate: str | None = None
 
     orig = DriverError("the database system is shutting down")
-    orig.sqlstate = sqlstate  # type: ignore[attr-defined]
+    orig.sqlstate = sqlstate
     assert is_transient_db_error(DBAPIError("SELECT 1", {}, orig)) is transient
 
 
 def test_schedule_kinds_in_the_contract_and_the_check_are_the_enum() -> None:
     import typing
+
+    from sqlalchemy import CheckConstraint
 
     from app.api.schemas.jobs import JobPublic
     from app.domain.schedule import ScheduleKind
@@ -103,7 +105,8 @@ def test_schedule_kinds_in_the_contract_and_the_check_are_the_enum() -> None:
     contract = typing.get_args(JobPublic.model_fields["schedule_kind"].annotation)
     assert set(contract) == {kind.value for kind in ScheduleKind}
     (check,) = (c for c in jobs.constraints if str(c.name).endswith("schedule_kind_valid"))
-    assert str(check.sqltext) == "schedule_kind IN ('once', 'cron', 'interval')"  # type: ignore[attr-defined]
+    assert isinstance(check, CheckConstraint)
+    assert str(check.sqltext) == "schedule_kind IN ('once', 'cron', 'interval')"
 
 
 def test_a_connection_the_server_closed_is_reported_as_a_failed_connection() -> None:

@@ -67,7 +67,7 @@ def _store_imports(tree: ast.Module) -> dict[str, tuple[str, str]]:
     """The names a store module imports from other store modules: name -> (module, function)."""
     imported = {}
     for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app.store."):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("app.store."):
             for alias in node.names:
                 imported[alias.asname or alias.name] = (node.module.removeprefix("app.store."), alias.name)
     return imported
