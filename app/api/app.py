@@ -122,10 +122,10 @@ def create_app(
         app.state.quotas = Quotas(engine, settings)
         app.state.key_ring = settings.load_key_ring()
     install_error_handlers(app)
+    # POST /v1/jobs first, on the app's router itself (its own route class, JobCreateRoute).
+    jobs.add_create_route(app.router)
     for router in (
         targets.router,
-        # POST /v1/jobs, with its own route class (JobCreateRoute), then the other job routes.
-        jobs.create_router,
         jobs.router,
         job_batches.router,
         job_control.router,

@@ -45,15 +45,27 @@ class JobCreateRoute(APIRoute):
 
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-# Only the create has the quick branch; its own router carries the route class.
-create_router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=JobCreateRoute)
+
+
+def add_create_route(app_router: APIRouter) -> None:
+    """POST /v1/jobs, with its route class, on the app's own router: the API's hottest request
+    is then matched first, without passing through an included router's candidates (half of
+    the framework's cost of a create before this)."""
+    app_router.add_api_route(
+        "/v1/jobs",
+        create_job,
+        methods=["POST"],
+        status_code=201,
+        operation_id=CREATE_JOB,
+        response_model=JobPublic,
+        responses=REPLAYED_RESPONSE_DOC,
+        tags=["jobs"],
+        route_class_override=JobCreateRoute,
+    )
 
 
 # The create writes its own audit row (with the job, see app/api/job_creates.py); the other
 # mutations carry the `Audited` dependency, which would take a second connection here.
-@create_router.post(
-    "", status_code=201, operation_id=CREATE_JOB, response_model=JobPublic, responses=REPLAYED_RESPONSE_DOC
-)
 async def create_job(
     body: JobCreate,
     creator: CreatorDep,
