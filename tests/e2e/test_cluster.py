@@ -200,12 +200,16 @@ async def test_sigkill_with_500_leases_in_flight_loses_nothing_and_duplicates_at
     engine: AsyncEngine, db_url: str, receiver: Receiver, procs: Processes
 ) -> None:
     # Slow enough that the victim holds hundreds of leases at once even when two busy cores
-    # make its claims slow (each claim of 200 can take a second or more then).
+    # make its claims slow (each claim of 200 can take a second or more then); the target's
+    # timeout leaves the replicas room over that when they run behind on a loaded box (other
+    # tests beside this one under xdist): with 1 s, a storm of timeouts used up jobs' attempts.
     receiver.default = Reply(delay_s=MAX_TARGET_TIMEOUT_S - 1)
-    tenant, target = await make_tenant_and_target(engine, receiver.url(), timeout_s=MAX_TARGET_TIMEOUT_S)
+    timeout_s = 2 * MAX_TARGET_TIMEOUT_S
+    tenant, target = await make_tenant_and_target(engine, receiver.url(), timeout_s=timeout_s)
     # One tenant, one target: without their fair-share caps, so the victim can hold 500.
     env = cluster_env(
         db_url,
+        CRONHOOK_MAX_TARGET_TIMEOUT_S=str(timeout_s),
         CRONHOOK_CONCURRENCY="700",
         CRONHOOK_BATCH_SIZE="200",
         CRONHOOK_TENANT_MAX_SHARE="1",
