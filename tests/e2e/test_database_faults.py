@@ -43,8 +43,12 @@ from tests.factories import make_jobs, make_jobs_bulk, make_tenant_and_target
 from tests.pg_cluster import PG_BIN, PgCluster, PgNode, available
 from tests.receiver import Receiver, Reply, wait_for
 
+# The database drills stop, stall and fail over servers under live processes and time
+# what they log: one at a time on one xdist worker, so two drills never starve each other
+# of the two cores (their deadlines assume a drill has the box to itself, as it did serially).
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.xdist_group("database-drills"),
     pytest.mark.skipif(not available(), reason=f"PostgreSQL 15 server binaries not found in {PG_BIN}"),
 ]
 

@@ -75,6 +75,7 @@ def warnings_of(log: Path, name: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("database-drills")  # one drill at a time: see test_database_faults.py
 async def test_refused_connections_and_a_claim_timeout_are_waited_out_logged_once_and_reported_by_readyz(
     engine: AsyncEngine,
     pg_server_url: str,

@@ -24,7 +24,7 @@ from tests.e2e.test_processes import Processes, base_env
 from tests.factories import make_jobs, make_tenant_and_target
 from tests.receiver import Receiver, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("database-drills")]  # see test_database_faults.py
 
 
 @pytest.fixture

@@ -25,7 +25,10 @@ from tests.e2e.test_processes import Processes, base_env, free_port
 from tests.factories import make_jobs, make_tenant_and_target
 from tests.receiver import Receiver, wait_for
 
-pytestmark = pytest.mark.e2e
+# The database drills stop, stall and fail over servers under live processes and time
+# what they log: one at a time on one xdist worker, so two drills never starve each other
+# of the two cores (their deadlines assume a drill has the box to itself, as it did serially).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("database-drills")]
 
 
 async def set_synchronous_standby(url: str, names: str | None) -> None:
