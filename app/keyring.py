@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import os
 import re
 import secrets
@@ -66,6 +68,9 @@ class KeyRing:
         self.primary_id = keys[0][0]
         self.key_ids = [key_id for key_id, _ in keys]
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keys}
+        # Keys for MACs (completion tokens, app/domain/completion.py), derived apart from the
+        # sealing keys; the first mints, all verify.
+        self.mac_keys = [hmac.new(key, b"cronhook mac key", hashlib.sha256).digest() for _, key in keys]
         self._open_sealed = lru_cache(maxsize=_OPEN_CACHE_SIZE)(self._open)
 
     def seal(self, plaintext: str, purpose: str) -> str:

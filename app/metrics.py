@@ -86,6 +86,25 @@ DB_OLDEST_OPERATION = Gauge(
     ["role"],
     multiprocess_mode="livemax",
 )
+ASYNC_OPENED = Counter(
+    "cronhook_async_attempts_opened_total", "Async deliveries answered 202: attempts left open for a report"
+)
+ASYNC_OPEN = Gauge(
+    "cronhook_async_attempts_open",
+    "Open async attempts awaiting their receiver's report (all tenants; sampled by the reaper)",
+    multiprocess_mode="livemax",
+)
+ASYNC_REPORTS = Counter(
+    "cronhook_async_reports_total", "Completion reports accepted, by outcome (succeeded, failed, retry)", ["outcome"]
+)
+ASYNC_COMPLETION_SECONDS = Histogram(
+    "cronhook_async_completion_seconds",
+    "Async attempts: from the delivery's start to the receiver's report",
+    buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, 7 * 86400),
+)
+ASYNC_TIMEOUTS = Counter(
+    "cronhook_async_timeouts_total", "Open async attempts failed by the reaper, by kind (async, heartbeat)", ["kind"]
+)
 API_REQUESTS = Counter("cronhook_api_requests_total", "API requests", ["method", "route", "status"])
 API_SECONDS = Histogram("cronhook_api_request_duration_seconds", "API request latency", ["method", "route"])
 
@@ -252,3 +271,25 @@ def sample_value(text: str, name: str, labels: dict[str, str] | None = None) -> 
             if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
                 total += sample.value
     return total
+
+
+def async_attempt_opened(job: ClaimedJob, result: AttemptOutcome, *, fenced: bool) -> None:
+    if result.duration_ms is not None:
+        DELIVERY_SECONDS.observe(result.duration_ms / 1000)
+    if fenced:
+        FENCED.inc()
+    else:
+        ASYNC_OPENED.inc()
+
+
+def async_report(outcome: str, seconds: float | None) -> None:
+    ASYNC_REPORTS.labels(outcome).inc()
+    if seconds is not None:
+        ASYNC_COMPLETION_SECONDS.observe(max(0.0, seconds))
+
+
+def async_timeouts(async_timeouts: int, heartbeat_timeouts: int) -> None:
+    if async_timeouts:
+        ASYNC_TIMEOUTS.labels("async").inc(async_timeouts)
+    if heartbeat_timeouts:
+        ASYNC_TIMEOUTS.labels("heartbeat").inc(heartbeat_timeouts)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -132,6 +133,13 @@ class Settings(BaseSettings):
     max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
     # API worker processes sharing the listening socket (`cronhook api|up --workers`).
     api_workers: int = Field(default=1, ge=1, le=64)
+    # The API's address as webhook receivers reach it (`https://cron.example.com`): an async
+    # delivery's completion URL starts with it. Unset: http://<host>:<port>, which only a
+    # receiver on the same machine can reach (start-up warns while async targets exist).
+    public_url: str | None = None
+    # Reports (heartbeats and completions) one completion token may make per minute, per API
+    # replica; a bad token counts as a failed authentication of its address.
+    completion_reports_per_min: int = Field(default=600, ge=1)
 
     # Processes: scheduler processes on this machine (`cronhook up|scheduler --processes`),
     # each its own replica sharing the partitions; default one per CPU.
@@ -292,6 +300,34 @@ class Settings(BaseSettings):
     @cached_property
     def egress_policy(self) -> EgressPolicy:
         return parse_egress_allow(self.egress_allow)
+
+    @property
+    def completion_base_url(self) -> str:
+        """What async deliveries' completion URLs start with (CRONHOOK_PUBLIC_URL's default)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url_absolute(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError("CRONHOOK_PUBLIC_URL must be an absolute http(s) URL without query or fragment")
+        return value
+
+    @field_validator("replica_id")
+    @classmethod
+    def _replica_id_not_async_owner(cls, value: str) -> str:
+        # An open asynchronous attempt's lease owner (app/domain/completion.py) is no replica.
+        if value.startswith("~"):
+            raise ValueError("CRONHOOK_REPLICA_ID must not start with '~'")
+        return value
 
     @model_validator(mode="after")
     def _lease_outlasts_http_deadline(self) -> Settings:

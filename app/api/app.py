@@ -25,6 +25,7 @@ from app.api.routes import (
     admin,
     audit,
     cluster,
+    completions,
     dead_letters,
     health,
     job_batches,
@@ -127,6 +128,7 @@ def create_app(
     for router in (
         targets.router,
         jobs.router,
+        completions.router,
         job_batches.router,
         job_control.router,
         dead_letters.router,

@@ -55,6 +55,7 @@ ERROR_DESCRIPTIONS = {
     403: "The admin key is needed, or the admin API is disabled",
     404: "Not found (or owned by another tenant)",
     409: "Conflict with the resource's state",
+    410: "The attempt has ended (rescued, retried, timed out or cancelled): the token is fenced",
     413: "Request body too large",
     422: "Invalid input; `errors` names each field",
     429: "Too many requests; see Retry-After",
@@ -90,6 +91,9 @@ ADMIN_OPERATIONS = frozenset(
         "adminSetTenantLimits",
     }
 )
+# Reports on an async attempt: no API key (the token is the capability), and their own
+# refusals: an attempt already finished (409), ended otherwise (410), throttled (429).
+COMPLETION_OPERATIONS = frozenset({"reportCompletion", "reportHeartbeat"})
 # Operations that answer 404 for an unknown name in their query (`?tenant=`).
 NOT_FOUND_BY_QUERY = frozenset({"adminListApiKeys"})
 # Operations whose 422 can come only from the body or query, never from a path parameter.
@@ -118,6 +122,8 @@ def error_statuses(operation: dict[str, Any]) -> list[int]:
         statuses |= {400, 413, 422}
     if op_id in CONFLICTS:
         statuses.add(409)
+    if op_id in COMPLETION_OPERATIONS:
+        return sorted(statuses | {409, 410, 429})
     if not operation.get("security") and op_id not in ADMIN_OPERATIONS:
         statuses.discard(503)  # the probes answer their own way
     return sorted(statuses)
@@ -188,7 +194,7 @@ def contract(app: FastAPI, server_url: str) -> dict[str, Any]:
             responses.pop("422", None)
             for status in error_statuses(operation):
                 responses[str(status)] = _problem_response(status)
-    doc["webhooks"] = {"delivery": webhook_operation()}
+    doc["webhooks"] = {"delivery": webhook_operation(), "asyncDelivery": async_webhook_operation()}
     return doc
 
 
@@ -239,5 +245,48 @@ def webhook_operation() -> dict[str, Any]:
                 "description": "The job's payload, as given when it was created",
             },
             "responses": {"2XX": {"description": "Delivered"}},
+        }
+    }
+
+
+def async_webhook_operation() -> dict[str, Any]:
+    """The request to a target (or job) in `async` completion mode: the delivery's headers,
+    and those of its completion URL."""
+    operation = webhook_operation()["post"]
+    completion_headers = {
+        "cronhook-completion-url": _header(
+            "Where to report this attempt: POST `<url>/heartbeat` (HeartbeatReport) while working, then POST `<url>` "
+            "(CompletionReport). No API key: the token in the URL names this attempt only",
+            "https://cron.example.com/v1/completions/ct1_x3Jv...",
+        ),
+        "cronhook-completion-signature": _header(
+            "`v1,<base64 HMAC-SHA256>` over `<webhook-id>.<webhook-timestamp>.<completion url>` keyed with the "
+            "target's secret: check it before reporting, as the body's signature",
+            "v1,Wf0Pf9lQ3e5mN2xJm7pQeQ3tX0m6cE4iY5d8H1wq2rA=",
+        ),
+        "cronhook-completion-timeout": _header(
+            "Seconds from this request within which the attempt must be reported (async_timeout_s)", "3600"
+        ),
+        "cronhook-heartbeat-timeout": {
+            **_header("Seconds without a report (202, heartbeat) after which the attempt fails", "60"),
+            "required": False,
+        },
+    }
+    return {
+        "post": {
+            **operation,
+            "operationId": "receiveAsyncWebhook",
+            "summary": "The request cronhook POSTs to an async target: answer 202, then report",
+            "description": "As `receiveWebhook`, with a completion URL. `202 Accepted` leaves the attempt open (the "
+            "job shows `awaiting_completion`) until the receiver reports on the completion URL, or "
+            "`cronhook-completion-timeout` (or, without heartbeats, `cronhook-heartbeat-timeout`) passes: then it "
+            "fails and is retried with the same webhook-id and a new completion URL; the old one answers 410. Any "
+            "other 2xx finishes the attempt at once, as a synchronous delivery.",
+            "parameters": operation["parameters"]
+            + [{"name": name, **spec} for name, spec in completion_headers.items()],
+            "responses": {
+                "202": {"description": "Accepted: the receiver reports the outcome on the completion URL"},
+                "2XX": {"description": "Done: the attempt succeeded"},
+            },
         }
     }

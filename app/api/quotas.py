@@ -72,6 +72,8 @@ class Quotas:
         self._active: _Bounded[uuid.UUID, tuple[float, int]] = _Bounded()
         self._auth_capacity = float(settings.failed_auth_per_min)
         self._auth_failures: _Bounded[str, tuple[float, float]] = _Bounded()
+        self._report_capacity = float(settings.completion_reports_per_min)
+        self._reports: _Bounded[str, tuple[float, float]] = _Bounded()
 
     # Request rate -------------------------------------------------------------------------
 
@@ -165,3 +167,16 @@ class Quotas:
         tokens, at = self._auth_failures.get(address, (self._auth_capacity, now))
         tokens = min(self._auth_capacity, tokens + (now - at) * self._auth_capacity / 60)
         self._auth_failures.put(address, (tokens - 1, now))
+
+    # Completion reports ------------------------------------------------------------------
+
+    def report_wait(self, token_digest: str) -> float | None:
+        """Takes one report of this completion token's allowance (per minute, this replica);
+        the seconds to wait when none is left."""
+        capacity, now = self._report_capacity, time.monotonic()
+        tokens, at = self._reports.get(token_digest, (capacity, now))
+        tokens = min(capacity, tokens + (now - at) * capacity / 60)
+        if tokens < 1:
+            return (1 - tokens) * 60 / capacity
+        self._reports.put(token_digest, (tokens - 1, now))
+        return None

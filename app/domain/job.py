@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from app.domain.completion import SYNC, CompletionSettings
 from app.domain.lifecycle import AttemptContext, NextStep
 from app.domain.occurrences import Recurrence
 from app.domain.retry import RetryPolicy
@@ -20,8 +21,9 @@ from app.domain.schedule import Schedule
 
 
 class RunOutcome(enum.StrEnum):
-    """What one run row records. The first five are attempts; the last two are fire times
-    that were never delivered (attempt 0)."""
+    """What one run row records: attempts, and (missed, skipped_overlap) fire times that were
+    never delivered (attempt 0). An open asynchronous attempt is shown as a run with the
+    outcome `awaiting_completion` (AWAITING_COMPLETION) but has no row until it ends."""
 
     SUCCESS = "success"
     HTTP_ERROR = "http_error"
@@ -33,6 +35,12 @@ class RunOutcome(enum.StrEnum):
     MISSED = "missed"
     # Came due while the previous occurrence was still in flight (overlap_policy forbid).
     SKIPPED_OVERLAP = "skipped_overlap"
+    # Asynchronous completion (app/domain/completion.py): the receiver reported failure (or
+    # asked for a retry), or its attempt ran out of time, or was cancelled while open.
+    FAILED = "failed"
+    ASYNC_TIMEOUT = "async_timeout"
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,17 @@ class NewJob:
     recurrence: Recurrence | None = None
     anchor_at: dt.datetime | None = None  # default: first_fire_at
     parent_job_id: uuid.UUID | None = None  # a one-off carrying an occurrence of this job
+    # The job's own completion settings (None each: its target's apply).
+    completion: JobCompletion | None = None
+
+
+@dataclass(frozen=True)
+class JobCompletion:
+    """A job's override of its target's completion settings; None fields inherit."""
+
+    mode: str | None = None
+    async_timeout_s: int | None = None
+    heartbeat_timeout_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,8 @@ class ClaimedJob:
     previous_signing_secret: str | None = None
     # The target's own max_in_flight (None: the scheduler's default cap applies).
     target_max_in_flight: int | None = None
+    # Sync, or async with its timeouts (the job's, else its target's).
+    completion: CompletionSettings = SYNC
 
     def attempt_context(self) -> AttemptContext:
         return AttemptContext(
@@ -97,6 +118,24 @@ class ClaimedJob:
             runs_done=self.occurrences_run,
             first_claimed_at=self.occurrence_claimed_at,
         )
+
+
+# Shown for an open asynchronous attempt (no run row yet).
+AWAITING_COMPLETION = "awaiting_completion"
+
+
+@dataclass(frozen=True)
+class OpenedAttempt:
+    """An asynchronous delivery the receiver accepted (202): recorded under the job's lease,
+    which then passes to no one (ASYNC_OWNER) until the receiver reports or time runs out."""
+
+    job: ClaimedJob
+    result: AttemptOutcome
+    token_digest: str
+
+    @property
+    def lease(self) -> tuple[uuid.UUID, uuid.UUID]:
+        return (self.job.id, self.job.lease_token)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.domain.job import NewJob
+from app.domain.job import JobCompletion, NewJob
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence, first_fire_time
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import (
@@ -94,6 +94,12 @@ class JobFields(Protocol):
     def end_at(self) -> dt.datetime | None: ...
     @property
     def max_runs(self) -> int | None: ...
+    @property
+    def completion(self) -> str | None: ...
+    @property
+    def async_timeout_s(self) -> int | None: ...
+    @property
+    def heartbeat_timeout_s(self) -> int | None: ...
 
 
 class NewJobFields(JobFields, Protocol):
@@ -128,7 +134,19 @@ def plan_create(fields: NewJobFields, tenant_id: uuid.UUID, defaults: RetryPolic
         dedup_key=fields.dedup_key,
         recurrence=recurrence,
         anchor_at=anchor_at,
+        completion=job_completion(fields),
     )
+
+
+COMPLETION_FIELDS = ("completion", "async_timeout_s", "heartbeat_timeout_s")
+
+
+def job_completion(fields: JobFields) -> JobCompletion | None:
+    """The job's own completion settings, or None when it sets none (its target's apply)."""
+    if fields.completion is None and fields.async_timeout_s is None and fields.heartbeat_timeout_s is None:
+        return None
+    mode = None if fields.completion is None else str(fields.completion)
+    return JobCompletion(mode, fields.async_timeout_s, fields.heartbeat_timeout_s)
 
 
 def plan_one_off(
@@ -141,6 +159,7 @@ def plan_one_off(
     policy: RetryPolicy,
     due: dt.datetime,
     parent_job_id: uuid.UUID | None = None,
+    completion: JobCompletion | None = None,
 ) -> NewJob:
     """A one-off job due at `due` with fresh attempts: a trigger's extra occurrence (naming
     its recurring parent) or a dead letter's replay."""
@@ -154,6 +173,7 @@ def plan_one_off(
         first_fire_at=due,
         policy=policy,
         parent_job_id=parent_job_id,
+        completion=completion,
     )
 
 

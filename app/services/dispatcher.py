@@ -51,8 +51,12 @@ def webhook_id(job: ClaimedJob) -> str:
     return f"msg_{job.occurrence_id.hex}"
 
 
-def build_request(job: ClaimedJob, attempt_time: dt.datetime) -> tuple[bytes, bytes]:
-    """The attempt's body and header lines (all but Host and Content-Length), as sent."""
+def build_request(job: ClaimedJob, attempt_time: dt.datetime, completion_url: str | None = None) -> tuple[bytes, bytes]:
+    """The attempt's body and header lines (all but Host and Content-Length), as sent.
+
+    An async delivery carries its completion URL, signed as the body is (the same secrets,
+    webhook-id and timestamp, the URL in place of the body), so a receiver can check that the
+    URL came from cronhook before it reports there."""
     # The stored JSON text (PostgreSQL's jsonb output), signed and sent as it is.
     body = job.payload_json.encode()
     msg_id = webhook_id(job)
@@ -69,6 +73,18 @@ def build_request(job: ClaimedJob, attempt_time: dt.datetime) -> tuple[bytes, by
         f"cronhook-job-id: {job.id}\r\ncronhook-attempt: {job.attempt}\r\n"
         f"cronhook-scheduled-for: {scheduled_for}\r\n"
     )
+    if completion_url is not None:
+        url_bytes = completion_url.encode()
+        url_signature = sign(job.signing_secret, msg_id, timestamp, url_bytes)
+        if job.previous_signing_secret is not None:
+            url_signature += " " + sign(job.previous_signing_secret, msg_id, timestamp, url_bytes)
+        deadline_s = job.completion.async_timeout_s
+        head += (
+            f"cronhook-completion-url: {completion_url}\r\ncronhook-completion-signature: {url_signature}\r\n"
+            f"cronhook-completion-timeout: {deadline_s}\r\n"
+        )
+        if job.completion.heartbeat_timeout_s is not None:
+            head += f"cronhook-heartbeat-timeout: {job.completion.heartbeat_timeout_s}\r\n"
     return body, head.encode("latin-1")
 
 
@@ -117,9 +133,14 @@ class Dispatcher:
             self._http = None
 
     async def deliver(
-        self, job: ClaimedJob, started_wall: dt.datetime, may_send: Callable[[], bool] | None = None
+        self,
+        job: ClaimedJob,
+        started_wall: dt.datetime,
+        may_send: Callable[[], bool] | None = None,
+        completion_url: str | None = None,
     ) -> AttemptOutcome:
-        """`started_wall` is the attempt's start on the database clock (signed timestamp).
+        """`started_wall` is the attempt's start on the database clock (signed timestamp);
+        `completion_url`, an async delivery's (sent as a header).
 
         Raises PostNotStarted when `may_send` says no just before the request is written."""
         assert self._http is not None, "Dispatcher.start() not called"
@@ -130,7 +151,7 @@ class Dispatcher:
             # The resolver sees names only: an IP literal is judged by the policy here.
             if self._refused_literal(origin.host):
                 return _denied(started, started_wall)
-            body, head = build_request(job, started_wall)
+            body, head = build_request(job, started_wall, completion_url)
             response = await self._http.post(origin, head, body, timeout_s, may_send)
         except TimeoutError:
             return _outcome(RunOutcome.TIMEOUT, None, f"no response within {timeout_s:g}s", started, started_wall)

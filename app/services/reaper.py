@@ -2,6 +2,9 @@
 and those of a replica whose death is certain (heartbeat and partition leases expired) at
 once, without waiting out their job lease; then deletes old history (app/store/retention.py).
 
+An open asynchronous attempt whose deadline or heartbeat deadline passed is failed the same
+way (outcome async_timeout or heartbeat_timeout); its completion token is fenced from then on.
+
 A rescued lease counts as a failed attempt: the job goes to `retrying` with backoff, or to
 the dead-letter queue when its attempts are exhausted. Several reapers may run at once:
 SKIP LOCKED gives each expired job to one of them, and the lease-token guard makes the
@@ -25,6 +28,7 @@ from app.domain.lifecycle import after_attempt
 from app.keyring import KeyRing
 from app.logs import log_event
 from app.settings import Settings, copy_settings, default_of
+from app.store.completions import job_count_open_async
 from app.store.idempotency import idempotency_key_purge_expired
 from app.store.outcomes import job_finish_attempts
 from app.store.rescues import ExpiredLease, job_lock_expired_leases
@@ -111,7 +115,7 @@ class Reaper:
                 items = [
                     FinishedAttempt(
                         lease.job,
-                        AttemptOutcome(RunOutcome.LEASE_EXPIRED, error=_rescue_reason(lease)),
+                        _rescue_outcome(lease),
                         after_attempt(lease.job.attempt_context(), False, lease.job.claimed_at, self._rng),
                     )
                     for lease in expired
@@ -137,6 +141,10 @@ class Reaper:
                 owner_dead=item.job.lease_token in owner_dead,
             )
         metrics.leases_reaped(rescued, dead_lettered)
+        timed_out = [item.result.outcome for item in items if item.lease in applied]
+        metrics.async_timeouts(timed_out.count(RunOutcome.ASYNC_TIMEOUT), timed_out.count(RunOutcome.HEARTBEAT_TIMEOUT))
+        async with self._engine.connect() as conn:
+            metrics.ASYNC_OPEN.set(await job_count_open_async(conn))
         # Housekeeping rides along, after the rescue so it can never hold one up: Idempotency-Keys
         # are kept for 24 hours.
         async with self._engine.begin() as conn:
@@ -172,6 +180,21 @@ class Reaper:
         ):
             return min(self.config.interval_s, RETENTION_BATCH_PAUSE_S)
         return self.config.interval_s
+
+
+def _rescue_outcome(lease: ExpiredLease) -> AttemptOutcome:
+    if not lease.async_open:
+        return AttemptOutcome(RunOutcome.LEASE_EXPIRED, error=_rescue_reason(lease))
+    job = lease.job
+    started = lease.awaiting_since
+    duration_ms = None if started is None else int((job.claimed_at - started).total_seconds() * 1000)
+    if lease.async_deadline_passed:
+        outcome = RunOutcome.ASYNC_TIMEOUT
+        error = f"no completion reported within async_timeout_s ({job.completion.async_timeout_s} s)"
+    else:
+        outcome = RunOutcome.HEARTBEAT_TIMEOUT
+        error = f"no heartbeat or completion within heartbeat_timeout_s ({job.completion.heartbeat_timeout_s} s)"
+    return AttemptOutcome(outcome, status_code=202, error=error, duration_ms=duration_ms, started_at=started)
 
 
 def _rescue_reason(lease: ExpiredLease) -> str:

@@ -19,8 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.errors import is_transient_db_error
 from app.db.watch import DB_WATCH
-from app.domain.job import FinishedAttempt
+from app.domain.job import FinishedAttempt, OpenedAttempt
 from app.logs import log_event
+from app.store.completions import job_open_async_attempts
 from app.store.outcomes import finish_is_one_statement, job_finish_attempts
 
 logger = logging.getLogger(__name__)
@@ -28,9 +29,13 @@ logger = logging.getLogger(__name__)
 MAX_BATCH = 500
 
 
+# An attempt's outcome, or an async delivery's 202 (the attempt stays open).
+Recorded = FinishedAttempt | OpenedAttempt
+
+
 @dataclass
 class _Pending:
-    item: FinishedAttempt
+    item: Recorded
     # Monotonic time after which recording is pointless: the lease has expired and the
     # reaper owns the job (recording would be fenced anyway).
     deadline: float
@@ -43,7 +48,7 @@ class OutcomeRecorder:
         self._pending: list[_Pending] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def record(self, item: FinishedAttempt, deadline: float) -> bool:
+    async def record(self, item: Recorded, deadline: float) -> bool:
         """True once applied; False when fenced or when the database stayed unreachable."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(item, deadline, done))
@@ -86,25 +91,29 @@ class OutcomeRecorder:
                 if not pending.done.done():
                     pending.done.set_result(pending.item.lease in applied)
 
-    async def _write(self, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
+    async def _write(self, items: list[Recorded]) -> set[tuple[uuid.UUID, uuid.UUID]]:
         with DB_WATCH.operation("outcome_batch"):
             return await self._write_batch(items)
 
-    async def _write_batch(self, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
-        if not finish_is_one_statement(items):
+    async def _write_batch(self, items: list[Recorded]) -> set[tuple[uuid.UUID, uuid.UUID]]:
+        finished = [item for item in items if isinstance(item, FinishedAttempt)]
+        if len(finished) < len(items):
+            opened = [item for item in items if isinstance(item, OpenedAttempt)]
             async with self._engine.begin() as conn:
-                return await job_finish_attempts(conn, items)
+                return await job_finish_attempts(conn, finished) | await job_open_async_attempts(conn, opened)
+        if not finish_is_one_statement(finished):
+            async with self._engine.begin() as conn:
+                return await job_finish_attempts(conn, finished)
         # One statement is atomic on its own: no BEGIN and COMMIT round trips.
         async with self._engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            return await job_finish_attempts(conn, items)
+            return await job_finish_attempts(conn, finished)
 
     async def _write_one_by_one(self, batch: list[_Pending]) -> None:
         """After a non-transient error, isolate the bad outcome so it cannot sink the others."""
         for pending in batch:
             try:
-                async with self._engine.begin() as conn:
-                    applied = await job_finish_attempts(conn, [pending.item])
+                applied = await self._write_batch([pending.item])
             except Exception as exc:
                 if is_transient_db_error(exc):
                     # The database went away meanwhile: back to the queue, retried with backoff.

@@ -21,8 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app import metrics
 from app.db.errors import is_transient_db_error
 from app.db.watch import DB_WATCH
+from app.domain.completion import completion_url, mint_token
 from app.domain.fair_share import SlotShares, tenant_share_of
-from app.domain.job import ClaimedJob, FinishedAttempt
+from app.domain.job import ClaimedJob, FinishedAttempt, OpenedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
 from app.domain.states import JobState
@@ -276,6 +277,9 @@ class Scheduler:
                 self.wake.set()
         if finished is None:
             return
+        if isinstance(finished, OpenedAttempt):
+            await self._record_opened(finished, claimed_mono)
+            return
         job, result, step = finished.job, finished.result, finished.step
         applied = await self._recorder.record(finished, claimed_mono + self.config.lease_s)
         metrics.delivery_recorded(
@@ -288,9 +292,28 @@ class Scheduler:
             log_event(logger, "schedule_ended", job_id=str(job.id), state=step.state.value, reason=step.ended_reason)
         log_outcome(job, result, step.state.value, step.dead_letter)
 
-    async def _attempt(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> FinishedAttempt | None:
+    async def _record_opened(self, opened: OpenedAttempt, claimed_mono: float) -> None:
+        """A 202 of an async delivery: the attempt stays open, its slot is free already."""
+        applied = await self._recorder.record(opened, claimed_mono + self.config.lease_s)
+        metrics.async_attempt_opened(opened.job, opened.result, fenced=not applied)
+        if not applied:
+            # Reported on before the 202 was recorded (or fenced): nothing to keep open.
+            log_event(logger, "async_open_superseded", job_id=str(opened.job.id), attempt=opened.job.attempt)
+            return
+        log_event(
+            logger,
+            "async_attempt_opened",
+            job_id=str(opened.job.id),
+            attempt=opened.job.attempt,
+            async_timeout_s=opened.job.completion.async_timeout_s,
+        )
+
+    async def _attempt(
+        self, job: ClaimedJob, epoch: int, claimed_mono: float
+    ) -> FinishedAttempt | OpenedAttempt | None:
         """The POST (after the misfire and hand-off steps of a recurring job) and the step it
-        leads to; None when nothing was sent (untrusted lease, nothing due, lease lost)."""
+        leads to (or, for an async delivery answered 202, the attempt left open); None when
+        nothing was sent (untrusted lease, nothing due, lease lost)."""
         partition = job.partition
         if not await self._still_trusted(job, partition, epoch, claimed_mono):
             return None
@@ -307,13 +330,21 @@ class Scheduler:
             # Those steps took time of their own: check again before the POST.
             if not await self._still_trusted(job, partition, epoch, claimed_mono):
                 return None
+        token = None
+        if job.completion.is_async:
+            token = mint_token(self._key_ring.mac_keys[0], job.id, job.lease_token)
         try:
             result = await self._dispatcher.deliver(
-                job, _db_clock(job, claimed_mono), lambda: self._trust_holds(partition, epoch, claimed_mono)
+                job,
+                _db_clock(job, claimed_mono),
+                lambda: self._trust_holds(partition, epoch, claimed_mono),
+                None if token is None else completion_url(self.config.completion_base_url, token),
             )
         except PostNotStarted:
             await self._release_untrusted(job)
             return None
+        if token is not None and result.status_code == 202:
+            return OpenedAttempt(job, result, token.digest)
         step = after_attempt(
             job.attempt_context(),
             result.succeeded,

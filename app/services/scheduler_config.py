@@ -27,6 +27,8 @@ class SchedulerConfig:
     target_default_max_in_flight: int = default_of("target_default_max_in_flight")
     # Default: deliver to globally routable addresses only.
     egress: EgressPolicy = field(default_factory=EgressPolicy)
+    # Async deliveries' completion URLs start with this (CRONHOOK_PUBLIC_URL).
+    completion_base_url: str = "http://127.0.0.1:8080"
 
     def __post_init__(self) -> None:
         if not lease_outlasts_http_deadline(self.lease_s, self.max_target_timeout_s, self.lease_margin_s):

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.watch import DB_WATCH
 from app.keyring import KeyRing
+from app.logs import log_event
 from app.services.backlog import BacklogSampler
 from app.services.db_health import CommitProbe, StallReporter
 from app.services.loop import run_forever
@@ -17,7 +18,10 @@ from app.services.reaper import Reaper, ReaperConfig
 from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
+from app.store.completions import async_completion_in_use
 from app.store.rescues import replica_session_name
+
+logger = logging.getLogger(__name__)
 
 
 class Services:
@@ -81,6 +85,8 @@ def start_services(
     watchers.append(asyncio.create_task(run_forever(reporter, stop, health_logger)))
     running_scheduler = None
     if scheduler:
+        if settings.public_url is None:
+            watchers.append(asyncio.create_task(warn_if_async_unreachable(engine, settings)))
         running_scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings), key_ring)
         tasks.append(asyncio.create_task(running_scheduler.run_forever(stop)))
         sampler = BacklogSampler(engine, running_scheduler.ownership)
@@ -89,3 +95,24 @@ def start_services(
         service = Reaper(engine, ReaperConfig.from_settings(settings), key_ring)
         tasks.append(asyncio.create_task(run_forever(service, stop, logging.getLogger("app.services.reaper"))))
     return Services(tasks, running_scheduler, grace_s=settings.max_target_timeout_s, stop=stop, watchers=watchers)
+
+
+async def warn_if_async_unreachable(engine: AsyncEngine, settings: Settings) -> None:
+    """Async deliveries carry a completion URL on CRONHOOK_PUBLIC_URL; unset, it names this
+    machine's API address, which a receiver elsewhere cannot reach: say so at start-up while
+    any target or job is in async mode."""
+    try:
+        async with engine.connect() as conn:
+            in_use = await async_completion_in_use(conn)
+    except Exception as exc:  # only a warning: the services report outages themselves
+        log_event(logger, "async_check_failed", logging.DEBUG, error=type(exc).__name__)
+        return
+    if in_use:
+        log_event(
+            logger,
+            "public_url_unset",
+            logging.WARNING,
+            completion_base_url=settings.completion_base_url,
+            detail="targets or jobs use async completion, but CRONHOOK_PUBLIC_URL is not set: their completion "
+            f"URLs start with {settings.completion_base_url}, which receivers on other machines cannot reach",
+        )

@@ -94,6 +94,10 @@ def _with_job_policy() -> Select[Any]:
         jobs.c.backoff_max_s,
         jobs.c.backoff_factor,
         jobs.c.priority,
+        # A replay is delivered as the original was: the job's own completion settings.
+        jobs.c.completion,
+        jobs.c.async_timeout_s,
+        jobs.c.heartbeat_timeout_s,
     ).join(jobs, jobs.c.id == dead_letters.c.job_id)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Text, case, cast, func
 from sqlalchemy.engine import RowMapping
 
+from app.domain.completion import CompletionSettings, resolve_settings
 from app.domain.job import ClaimedJob
 from app.domain.job_plan import JobChanges
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence
@@ -23,6 +24,9 @@ from app.store.tables import jobs, targets
 _NOT_READ_ON_CLAIM = frozenset(
     {"payload", "name", "priority", "state", "ended_reason", "dedup_key", "run_at", "lease_expires_at"}
     | {"last_status_code", "last_error", "parent_job_id", "created_at", "updated_at", "finished_at"}
+    # Completion: read resolved against the target's (below); an open attempt's state, never.
+    | {"completion", "async_timeout_s", "heartbeat_timeout_s", "async_deadline_at", "awaiting_since"}
+    | {"completion_token_hash", "last_heartbeat_at", "progress", "progress_message"}
 )
 
 # What a claimed job is read with (claim and reaper alike): the job, its target's delivery
@@ -44,11 +48,26 @@ CLAIMED_JOB_COLUMNS = (
     ).label("previous_signing_secret"),
     targets.c.retry_on_status,
     targets.c.max_in_flight.label("target_max_in_flight"),
+    # The job's completion settings, else its target's (app/domain/completion.py).
+    func.coalesce(jobs.c.completion, targets.c.completion).label("completion_mode"),
+    func.coalesce(jobs.c.async_timeout_s, targets.c.async_timeout_s).label("completion_async_timeout_s"),
+    func.coalesce(jobs.c.heartbeat_timeout_s, targets.c.heartbeat_timeout_s).label("completion_heartbeat_timeout_s"),
     func.now().label("claimed_at"),
 )
 
-# The lease columns of a job no scheduler holds.
-NO_LEASE: dict[str, Any] = {"lease_owner": None, "lease_token": None, "lease_expires_at": None}
+# The lease columns of a job no scheduler holds, with those of an open asynchronous attempt
+# (which ends with its lease, however it ends).
+NO_LEASE: dict[str, Any] = {
+    "lease_owner": None,
+    "lease_token": None,
+    "lease_expires_at": None,
+    "async_deadline_at": None,
+    "awaiting_since": None,
+    "completion_token_hash": None,
+    "last_heartbeat_at": None,
+    "progress": None,
+    "progress_message": None,
+}
 
 
 def schedule_columns(schedule: Schedule) -> dict[str, Any]:
@@ -161,8 +180,16 @@ def claimed_from_row(row: RowMapping, key_ring: KeyRing) -> ClaimedJob:
         occurrence_claimed_at=row["occurrence_claimed_at"],
         recurrence=None if isinstance(schedule, OnceSchedule) else _recurrence_from_row(row, schedule),
         occurrences_run=row["occurrences_run"],
+        completion=_completion(
+            row["completion_mode"], row["completion_async_timeout_s"], row["completion_heartbeat_timeout_s"]
+        ),
         **target,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _completion(mode: str | None, async_timeout_s: int | None, heartbeat_timeout_s: int | None) -> CompletionSettings:
+    return resolve_settings(mode, async_timeout_s, heartbeat_timeout_s, None, None, None)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -59,6 +59,10 @@ NEW_JOB_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("start_at", _TS),
     ("end_at", _TS),
     ("max_runs", Integer()),
+    # The job's own completion settings (NULL: its target's).
+    ("completion", Text()),
+    ("async_timeout_s", Integer()),
+    ("heartbeat_timeout_s", Integer()),
 )
 
 # A one-off job's recurrence columns: the policies' defaults (the columns are NOT NULL).
@@ -108,12 +112,15 @@ assert COLUMN_NAMES == (
     *_POLICY_COLUMNS,
     *("dedup_key", "parent_job_id"),
     *_RECURRENCE_COLUMNS,
+    *("completion", "async_timeout_s", "heartbeat_timeout_s"),
 )
 _schedule_in_order = operator.itemgetter(*_SCHEDULE_COLUMNS)
 _policy_in_order = operator.itemgetter(*_POLICY_COLUMNS)
 _recurrence_in_order = operator.itemgetter(*_RECURRENCE_COLUMNS)
 _ONCE = _schedule_in_order(schedule_columns(OnceSchedule(EARLIEST_RUN_AT)))
 _ONE_OFF = _recurrence_in_order(_ONE_OFF_RECURRENCE)
+# A job that sets no completion settings of its own: its target's apply.
+_INHERITED = (None, None, None)
 
 
 @lru_cache(maxsize=1024)
@@ -132,6 +139,7 @@ def job_values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ..
     new = prepared.new
     schedule = new.schedule
     recurrence = new.recurrence
+    completion = new.completion
     return (
         prepared.id,
         partition_for(prepared.id),
@@ -147,6 +155,11 @@ def job_values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ..
         new.dedup_key,
         new.parent_job_id,
         *(_ONE_OFF if recurrence is None else _recurrence_in_order(recurrence_columns(recurrence))),
+        *(
+            _INHERITED
+            if completion is None
+            else (completion.mode, completion.async_timeout_s, completion.heartbeat_timeout_s)
+        ),
     )
 
 

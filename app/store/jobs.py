@@ -17,6 +17,7 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.states import CANCELLABLE_STATES, PAUSABLE_STATES, JobState
+from app.store.completions import job_open_attempt_for_cancel, run_insert_cancelled
 from app.store.job_inserts import job_insert_many
 from app.store.job_rows import NO_LEASE
 from app.store.job_rows_new import PreparedJob
@@ -105,9 +106,15 @@ async def _job_transition(
 
 
 async def job_cancel(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:
-    """Cancels a non-terminal job; None when it is already terminal (or absent)."""
+    """Cancels a non-terminal job; None when it is already terminal (or absent). An open
+    asynchronous attempt ends with a `cancelled` run (its token is fenced from then on).
+    Call in a transaction."""
+    open_attempt = await job_open_attempt_for_cancel(conn, tenant_id, job_id)
     values = {"state": JobState.CANCELLED, "run_at": None, "finished_at": func.now(), **NO_LEASE}
-    return await _job_transition(conn, tenant_id, job_id, CANCELLABLE_STATES, values)
+    row = await _job_transition(conn, tenant_id, job_id, CANCELLABLE_STATES, values)
+    if row is not None and open_attempt is not None:
+        await run_insert_cancelled(conn, tenant_id, job_id, open_attempt)
+    return row
 
 
 async def job_lock(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:

@@ -120,7 +120,7 @@ def _finish_statement() -> DriverStatement:
     # cheaper than materializing it): only the attempts whose UPDATE matched get a run row.
     ran = outcome.alias("ran")
     run_columns = ["job_id", "tenant_id", "occurrence_id", "scheduled_for", "attempt", "replica_id"]
-    run_columns += ["started_at", "status_code", "duration_ms", "outcome", "error"]
+    run_columns += ["started_at", "status_code", "duration_ms", "outcome", "error", "lease_token"]
     run_rows = select(
         ran.c.id,
         ran.c.tenant_id,
@@ -133,6 +133,8 @@ def _finish_statement() -> DriverStatement:
         ran.c.duration_ms,
         ran.c.outcome,
         ran.c.error,
+        # What a completion token names: a late report finds its attempt's run by it.
+        ran.c.lease_token,
     ).join(applied, (applied.c.id == ran.c.id) & (applied.c.lease_token == ran.c.lease_token))
     written = insert(runs).from_select(run_columns, run_rows).cte("written")
     return DriverStatement(select(applied.c.id, applied.c.lease_token).add_cte(written))

@@ -2,6 +2,9 @@
 lease owner is a dead replica, and lock them for the reaper to rescue (app/services/reaper.py
 decides what becomes of each; outcomes.py writes it).
 
+An open asynchronous attempt (app/domain/completion.py) is held by no replica: only its own
+deadlines (the lease's expiry) end it.
+
 A replica's death is certain when its heartbeat and partition leases have expired (so it
 trusts nothing and starts no POST, app/services/ownership.py) and either
 - its process is gone: none of its sessions is left on the server (each replica names its
@@ -17,6 +20,7 @@ trusts nothing and starts no POST, app/services/ownership.py) and either
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 import hashlib
 from typing import Any
@@ -24,6 +28,7 @@ from typing import Any
 from sqlalchemy import Boolean, Double, Integer, Text, bindparam, column, func, literal, select, table
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.completion import ASYNC_OWNER
 from app.domain.job import ClaimedJob
 from app.domain.states import JobState
 from app.keyring import KeyRing
@@ -85,7 +90,13 @@ def _lock_expired_statement() -> Any:
     )
     expired = jobs.c.lease_expires_at < func.now()
     return (
-        select(*CLAIMED_JOB_COLUMNS, (~expired).label("owner_dead"))
+        select(
+            *CLAIMED_JOB_COLUMNS,
+            (~expired).label("owner_dead"),
+            # Open async attempts (lease owner ASYNC_OWNER): which deadline passed, and since when.
+            (jobs.c.async_deadline_at <= func.now()).label("async_deadline_passed"),
+            jobs.c.awaiting_since,
+        )
         .join(targets, targets.c.id == jobs.c.target_id)
         .where(jobs.c.state == JobState.RUNNING, expired | owner_dead)
         .order_by(jobs.c.lease_expires_at)
@@ -99,6 +110,14 @@ class ExpiredLease:
     job: ClaimedJob
     # True: rescued because its replica is dead, before the job lease itself expired.
     owner_dead: bool
+    # An open async attempt: whether its deadline passed (else its heartbeat deadline did),
+    # and when it started; None for a scheduler's lease.
+    async_deadline_passed: bool | None = None
+    awaiting_since: dt.datetime | None = None
+
+    @property
+    def async_open(self) -> bool:
+        return self.job.lease_owner == ASYNC_OWNER
 
 
 async def job_lock_expired_leases(
@@ -117,4 +136,12 @@ async def job_lock_expired_leases(
     """
     params = {"margin_s": margin_s, "fast": fast, "limit": limit}
     rows = (await conn.execute(_lock_expired_statement(), params)).mappings().all()
-    return [ExpiredLease(claimed_from_row(row, key_ring), bool(row["owner_dead"])) for row in rows]
+    return [
+        ExpiredLease(
+            claimed_from_row(row, key_ring),
+            bool(row["owner_dead"]),
+            row["async_deadline_passed"],
+            row["awaiting_since"],
+        )
+        for row in rows
+    ]

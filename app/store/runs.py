@@ -9,6 +9,8 @@ from sqlalchemy import or_, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.completion import ASYNC_OWNER
+from app.domain.states import JobState
 from app.store.tables import jobs, runs
 
 
@@ -30,4 +32,21 @@ async def run_list_for_job(
     if after_id is not None:
         stmt = stmt.where(runs.c.id > after_id)
     stmt = stmt.order_by(runs.c.id).limit(limit)
+    return list((await conn.execute(stmt)).mappings().all())
+
+
+async def job_open_attempts(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> list[RowMapping]:
+    """The open async attempts among the job and its children (rows of jobs): shown as runs
+    after its finished ones, since they have no run row until they end."""
+    children = select(jobs.c.id).where(jobs.c.parent_job_id == job_id, jobs.c.tenant_id == tenant_id)
+    stmt = (
+        select(jobs)
+        .where(
+            or_(jobs.c.id == job_id, jobs.c.id.in_(children)),
+            jobs.c.tenant_id == tenant_id,
+            jobs.c.state == JobState.RUNNING,
+            jobs.c.lease_owner == ASYNC_OWNER,
+        )
+        .order_by(jobs.c.awaiting_since)
+    )
     return list((await conn.execute(stmt)).mappings().all())

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -28,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.sql.elements import ColumnElement
 
+from app.domain.completion import ASYNC_OWNER, MAX_PROGRESS_MESSAGE_CHARS, CompletionMode
 from app.domain.job import RunOutcome
 from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
 from app.domain.partition import PARTITION_COUNT
@@ -168,12 +170,20 @@ targets = Table(
     Column("rate_per_s", Double),
     Column("rate_tokens", Double),
     _ts("rate_updated_at"),
+    # Asynchronous completion (app/domain/completion.py): `async` leaves a 202's attempt open
+    # until the receiver reports; NULL timeouts take the defaults (3,600 s; no heartbeat).
+    Column("completion", Text, nullable=False, server_default=text("'sync'")),
+    Column("async_timeout_s", Integer),
+    Column("heartbeat_timeout_s", Integer),
+    # Whether open asynchronous attempts count against max_in_flight (they do by default).
+    Column("async_counts_in_flight", Boolean, nullable=False, server_default=text("true")),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("deleted_at"),
     CheckConstraint("timeout_s > 0", name="timeout_positive"),
     CheckConstraint("max_in_flight IS NULL OR max_in_flight >= 1", name="max_in_flight_positive"),
     CheckConstraint("rate_per_s IS NULL OR rate_per_s > 0", name="rate_positive"),
+    CheckConstraint(_one_of("completion", CompletionMode), name="completion_valid"),
     Index("ix_targets_tenant_created", "tenant_id", "created_at", "id"),
 )
 
@@ -235,6 +245,20 @@ jobs = Table(
     Column("last_status_code", Integer),
     Column("last_error", Text),
     Column("occurrences_run", BigInteger, nullable=False, server_default=text("0")),
+    # The job's own completion settings; NULL = its target's (app/domain/completion.py).
+    Column("completion", Text),
+    Column("async_timeout_s", Integer),
+    Column("heartbeat_timeout_s", Integer),
+    # An open asynchronous attempt (state running, lease_owner ASYNC_OWNER): when it must
+    # end at the latest (lease_expires_at is the earlier of this and the heartbeat deadline),
+    # since when it is open, the token's SHA-256, and the receiver's last report of progress.
+    # Cleared with the lease (NO_LEASE), so they only ever describe the current attempt.
+    _ts("async_deadline_at"),
+    _ts("awaiting_since"),
+    Column("completion_token_hash", Text),
+    _ts("last_heartbeat_at"),
+    Column("progress", SmallInteger),
+    Column("progress_message", Text),
     # The recurring job this one-off carries an occurrence of: a trigger, or (overlap_policy
     # allow) an occurrence handed off so the next can start while it is in flight.
     Column("parent_job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")),
@@ -264,6 +288,16 @@ jobs = Table(
     CheckConstraint(
         f"({_STATE_CLAIMABLE}) = (run_at IS NOT NULL)",
         name="waiting_iff_run_at",
+    ),
+    CheckConstraint(f"completion IS NULL OR {_one_of('completion', CompletionMode)}", name="completion_valid"),
+    CheckConstraint(
+        f"(lease_owner IS NOT DISTINCT FROM '{ASYNC_OWNER}') = (async_deadline_at IS NOT NULL)",
+        name="async_open_iff_deadline",
+    ),
+    CheckConstraint(
+        f"(progress IS NULL OR progress BETWEEN 0 AND 100) AND "
+        f"(progress_message IS NULL OR char_length(progress_message) <= {MAX_PROGRESS_MESSAGE_CHARS})",
+        name="progress_range",
     ),
     # The scheduler's claim: due jobs per priority level in run_at order.
     Index(
@@ -337,6 +371,14 @@ runs = Table(
     Column("duration_ms", Integer),
     Column("outcome", Text, nullable=False),
     Column("error", Text),
+    # The lease the attempt was made under: what a completion token names (a late report
+    # finds its run by it, app/store/completions.py).
+    Column("lease_token", UUID(as_uuid=True)),
+    # Asynchronous attempts: the receiver's result, when it reported (a second report is a
+    # 409), and when a report came for an attempt that had already ended otherwise (410).
+    Column("result", JSONB),
+    _ts("reported_at"),
+    _ts("fenced_at"),
     CheckConstraint(_one_of("outcome", RunOutcome), name="outcome_valid"),
     Index("ix_runs_job", "job_id", "id"),
 )

@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.completion import ASYNC_OWNER
 from app.domain.signing import new_signing_secret
 from app.domain.states import TERMINAL_STATES, JobState
 from app.keyring import SIGNING_SECRET, KeyRing
@@ -32,6 +33,10 @@ PUBLIC_COLUMNS = (
     targets.c.retry_on_status,
     targets.c.max_in_flight,
     targets.c.rate_per_s,
+    targets.c.completion,
+    targets.c.async_timeout_s,
+    targets.c.heartbeat_timeout_s,
+    targets.c.async_counts_in_flight,
     targets.c.created_at,
     targets.c.updated_at,
 )
@@ -71,7 +76,9 @@ async def target_create(
     retry_on_status: list[int] | None = None,
     max_in_flight: int | None = None,
     rate_per_s: float | None = None,
+    completion: dict[str, Any] | None = None,
 ) -> tuple[RowMapping, str]:
+    """`completion`: the completion columns set (app/domain/completion.py), else defaults."""
     """Returns the public row and the new signing secret."""
     secret = new_signing_secret()
     stmt = (
@@ -85,6 +92,7 @@ async def target_create(
             retry_on_status=retry_on_status,
             max_in_flight=max_in_flight,
             rate_per_s=rate_per_s,
+            **(completion or {}),
             signing_secret=key_ring.seal(secret, SIGNING_SECRET),
         )
         .returning(*PUBLIC_COLUMNS)
@@ -212,10 +220,16 @@ def _tokens_now() -> Any:
 
 
 def _in_flight() -> Any:
+    """The target's deliveries in flight: its running jobs, open asynchronous attempts
+    included unless the target says they do not count (async_counts_in_flight)."""
     running = jobs.alias("running")
     return (
         select(func.count())
-        .where(running.c.target_id == targets.c.id, state_in([JobState.RUNNING], running.c.state))
+        .where(
+            running.c.target_id == targets.c.id,
+            state_in([JobState.RUNNING], running.c.state),
+            targets.c.async_counts_in_flight | running.c.lease_owner.is_distinct_from(ASYNC_OWNER),
+        )
         .scalar_subquery()
     )
 

@@ -47,6 +47,11 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     # The parent moves on; its child is inserted running (it carries the claim on).
     ("lease_writes", "job_hand_off_occurrence"): (RUNNING, (S.SCHEDULED, S.SUCCEEDED)),
     ("lease_writes", "job_settle_due_plan"): (RUNNING, (S.RUNNING, S.SCHEDULED, S.SUCCEEDED)),
+    # Async completion: a 202 leaves the attempt open (running, held by no replica), and a
+    # heartbeat pushes its deadline; neither changes the state (reports finish through
+    # job_finish_attempts).
+    ("completions", "job_open_async_attempts"): (RUNNING, (S.RUNNING,)),
+    ("completions", "job_heartbeat"): (RUNNING, (S.RUNNING,)),
     # Every state app/domain/lifecycle.py's after_attempt can choose.
     ("outcomes", "job_finish_attempts"): (RUNNING, (S.SUCCEEDED, S.SCHEDULED, S.RETRYING, S.DEAD)),
 }

@@ -25,7 +25,7 @@ from app.api.schemas.dead_letters import (
 from app.api.schemas.inputs import Timestamp
 from app.api.schemas.jobs import JobPublic, RunPublic, job_public
 from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
-from app.domain.job import NewJob
+from app.domain.job import JobCompletion, NewJob
 from app.domain.job_plan import plan_one_off
 from app.domain.payload import payload_json
 from app.store import dead_letters as store
@@ -154,6 +154,7 @@ def _replay_job(tenant_id: uuid.UUID, row: RowMapping, payload: Any, target_id: 
         priority=row["priority"],
         policy=policy_from_row(row),
         due=due,
+        completion=JobCompletion(row["completion"], row["async_timeout_s"], row["heartbeat_timeout_s"]),
     )
 
 

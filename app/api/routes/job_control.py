@@ -14,7 +14,8 @@ from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.quota_checks import ensure_job_within_quotas, ensure_room_for_jobs
 from app.api.schemas.jobs import JobPublic, JobUpdate, job_public
-from app.domain.job_plan import plan_one_off, plan_update
+from app.domain.job import JobCompletion
+from app.domain.job_plan import COMPLETION_FIELDS, plan_one_off, plan_update
 from app.domain.payload import payload_json
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
 from app.store import jobs as store
@@ -80,6 +81,7 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn, quotas
         policy=policy_from_row(row),
         due=await store.db_now(conn),
         parent_job_id=row["id"],
+        completion=JobCompletion(row["completion"], row["async_timeout_s"], row["heartbeat_timeout_s"]),
     )
     return job_public(await store.job_create(conn, PreparedJob.of(new, payload_json(new.payload))))
 
@@ -126,6 +128,8 @@ async def update_job(
         policy = planned.policy or policy_from_row(row)
         await ensure_job_within_quotas(conn, quotas, tenant_id, schedule, policy, now, new_jobs=0)
     changes.update(job_change_columns(planned))
+    # The job's own completion settings: from its next attempt (an open one keeps its own).
+    changes.update({name: getattr(body, name) for name in COMPLETION_FIELDS if name in given})
     if not changes:
         return job_public(row)
     updated = await store.job_update(conn, job_id, state, changes)

@@ -17,13 +17,13 @@ from app.api.deps import Conn, CreateConn, CreatorDep, QuotasDep, SettingsDep, T
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.job_creates import CREATE_JOB, QuickCreate, create_one
-from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public
+from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public, open_run
 from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
 from app.domain.states import JobState
 from app.store import jobs as store
 from app.store.audit import audit_append
 from app.store.pagination import decode_int_cursor, decode_time_id_cursor, encode_cursor
-from app.store.runs import run_list_for_job
+from app.store.runs import job_open_attempts, run_list_for_job
 
 
 class JobCreateRoute(APIRoute):
@@ -160,4 +160,8 @@ async def list_runs(
     rows = await run_list_for_job(conn, tenant_id, job_id, limit + 1, after)
     if rows is None:
         raise Problem(404, JOB_NOT_FOUND, slug="not-found")
-    return page_of(rows, limit, lambda row: RunPublic.model_validate(dict(row)), lambda row: encode_cursor(row["id"]))
+    page = page_of(rows, limit, lambda row: RunPublic.model_validate(dict(row)), lambda row: encode_cursor(row["id"]))
+    if page.next_cursor is None:
+        # Open async attempts have no run row yet: the last page ends with them (id 0).
+        page.items.extend(open_run(row) for row in await job_open_attempts(conn, tenant_id, job_id))
+    return page

@@ -87,6 +87,10 @@ async def create_target(
         retry_on_status=body.retry_on_status,
         max_in_flight=body.max_in_flight,
         rate_per_s=body.rate_per_s,
+        completion=body.model_dump(
+            include={"completion", "async_timeout_s", "heartbeat_timeout_s", "async_counts_in_flight"},
+            exclude_none=True,
+        ),
     )
     created = TargetWithSecret(**target_public(row).model_dump(), secret=secret)
     set_audit_object(request, created.id)
@@ -124,7 +128,7 @@ async def update_target(
     key_ring: KeyRingDep,
 ) -> TargetPublic:
     changes: dict[str, Any] = body.model_dump(exclude_unset=True)
-    for field in ("name", "url", "timeout_s"):
+    for field in ("name", "url", "timeout_s", "completion", "async_counts_in_flight"):
         if field in changes and changes[field] is None:
             raise Problem(422, "must not be null", slug="validation", field=field)
     if "headers" in changes and changes["headers"] is None:

@@ -6,10 +6,12 @@ import datetime as dt
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, JsonValue, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, Field, JsonValue, WithJsonSchema, model_validator
 
 from app.api.schemas.inputs import PlainText, RequestModel, Timestamp, check_json_payload
-from app.domain.job import RunOutcome
+from app.api.schemas.targets import AsyncTimeout, Completion, HeartbeatTimeout, check_async_timeouts
+from app.domain.completion import ASYNC_OWNER, CompletionMode
+from app.domain.job import AWAITING_COMPLETION, RunOutcome
 from app.domain.occurrences import (
     DEFAULT_CATCH_UP_LIMIT,
     DEFAULT_MISFIRE_GRACE_S,
@@ -21,6 +23,9 @@ from app.domain.occurrences import (
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.schedule import MAX_SCHEDULE_AHEAD, ScheduleKind
 from app.domain.states import JobState
+
+# Every outcome a run may show: its row's, and an open async attempt's.
+RUN_OUTCOMES = [o.value for o in RunOutcome] + [AWAITING_COMPLETION]
 
 # A delay reaches as far as a run_at may (ten years).
 MAX_DELAY_S = int(MAX_SCHEDULE_AHEAD.total_seconds())
@@ -71,9 +76,19 @@ class JobCreate(RequestModel):
     )
     start_at: Timestamp | None = Field(default=None, description="No fire time before this")
     end_at: Timestamp | None = Field(default=None, description="No fire time after this; then the job ends")
+    completion: Completion = Field(default=None, description="Overrides the target's completion mode (sync/async)")
+    async_timeout_s: AsyncTimeout = Field(default=None, description="Overrides the target's async_timeout_s")
+    heartbeat_timeout_s: HeartbeatTimeout = Field(
+        default=None, description="Overrides the target's heartbeat_timeout_s"
+    )
     max_runs: Annotated[int | None, Field(strict=True, ge=1, le=10**9)] = Field(
         default=None, description="End the job after this many delivered occurrences"
     )
+
+    @model_validator(mode="after")
+    def _async_timeouts(self) -> JobCreate:
+        check_async_timeouts(self.async_timeout_s, self.heartbeat_timeout_s)
+        return self
 
 
 class JobUpdate(JobCreate):
@@ -119,9 +134,31 @@ class JobPublic(BaseModel):
     backoff_factor: float
     last_status_code: int | None
     last_error: str | None
+    completion: CompletionMode | None = Field(description="The job's own completion mode; null = its target's")
+    async_timeout_s: int | None = Field(description="The job's own async_timeout_s; null = its target's")
+    heartbeat_timeout_s: int | None = Field(description="The job's own heartbeat_timeout_s; null = its target's")
+    awaiting_completion: bool = Field(
+        description="An async attempt is open: its receiver answered 202 and has not reported yet"
+    )
+    deadline_at: dt.datetime | None = Field(
+        description="Open attempt: when it fails at the latest (async_timeout_s from its delivery)"
+    )
+    heartbeat_deadline_at: dt.datetime | None = Field(
+        description="Open attempt: when it fails unless the receiver reports (the earlier of the heartbeat "
+        "timeout and deadline_at)"
+    )
+    last_heartbeat_at: dt.datetime | None = Field(description="Open attempt: the receiver's last heartbeat")
+    progress: int | None = Field(description="Open attempt: the receiver's last reported progress, 0-100")
+    progress_message: str | None = Field(description="Open attempt: the receiver's last progress message")
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
+
+
+def _known_outcome(value: str) -> str:
+    if value not in RUN_OUTCOMES:
+        raise ValueError(f"unknown outcome {value!r}")
+    return value
 
 
 class RunPublic(BaseModel):
@@ -133,19 +170,55 @@ class RunPublic(BaseModel):
     scheduled_for: dt.datetime
     attempt: int
     started_at: dt.datetime | None
-    finished_at: dt.datetime
+    finished_at: dt.datetime | None = Field(description="Null while the attempt is open (awaiting_completion)")
     status_code: int | None
     duration_ms: int | None
     # Inline in the OpenAPI document (no component of its own), as the values were first published.
     outcome: Annotated[
         str,
-        AfterValidator(RunOutcome),
-        WithJsonSchema({"type": "string", "enum": [o.value for o in RunOutcome], "title": "Outcome"}),
+        AfterValidator(_known_outcome),
+        WithJsonSchema({"type": "string", "enum": RUN_OUTCOMES, "title": "Outcome"}),
     ] = Field(
         description="An attempt's result; `missed` (given up by the misfire policy) and `skipped_overlap` (came due "
-        "while the previous occurrence was in flight) are fire times never delivered (attempt 0)"
+        "while the previous occurrence was in flight) are fire times never delivered (attempt 0). Async "
+        "attempts: `awaiting_completion` while open (the newest entry), then `success` or `failed` as the "
+        "receiver reported, or `async_timeout`, `heartbeat_timeout`, `cancelled`"
     )
     error: str | None
+    result: JsonValue = Field(default=None, description="Async attempts: the result the receiver reported")
+    reported_at: dt.datetime | None = Field(default=None, description="Async attempts: when the receiver reported")
+    fenced_at: dt.datetime | None = Field(
+        default=None,
+        description="Async attempts: when a report arrived after the attempt had ended otherwise (answered 410)",
+    )
+    deadline_at: dt.datetime | None = Field(default=None, description="Open attempt: when it fails at the latest")
+    last_heartbeat_at: dt.datetime | None = Field(default=None, description="Open attempt: the last heartbeat")
+    progress: int | None = Field(default=None, description="Open attempt: the last reported progress, 0-100")
+    progress_message: str | None = Field(default=None, description="Open attempt: the last progress message")
+
+
+def is_awaiting(row: Any) -> bool:
+    return bool(row["state"] == JobState.RUNNING and row["lease_owner"] == ASYNC_OWNER)
+
+
+def open_run(row: Any) -> RunPublic:
+    """A job's open async attempt, shown as a run (it has no row until it ends)."""
+    return RunPublic(
+        id=0,
+        job_id=row["id"],
+        scheduled_for=row["scheduled_for"],
+        attempt=row["attempt"],
+        started_at=row["awaiting_since"],
+        finished_at=None,
+        status_code=row["last_status_code"],
+        duration_ms=None,
+        outcome=AWAITING_COMPLETION,
+        error=None,
+        deadline_at=row["async_deadline_at"],
+        last_heartbeat_at=row["last_heartbeat_at"],
+        progress=row["progress"],
+        progress_message=row["progress_message"],
+    )
 
 
 def recurring(row: Any, column: str) -> Any:
@@ -189,6 +262,15 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         backoff_factor=row["backoff_factor"],
         last_status_code=row["last_status_code"],
         last_error=row["last_error"],
+        completion=row["completion"],
+        async_timeout_s=row["async_timeout_s"],
+        heartbeat_timeout_s=row["heartbeat_timeout_s"],
+        awaiting_completion=(awaiting := is_awaiting(row)),
+        deadline_at=row["async_deadline_at"] if awaiting else None,
+        heartbeat_deadline_at=row["lease_expires_at"] if awaiting else None,
+        last_heartbeat_at=row["last_heartbeat_at"],
+        progress=row["progress"],
+        progress_message=row["progress_message"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],

@@ -8,9 +8,11 @@ import uuid
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, Field, StrictInt, field_validator
+from pydantic import AfterValidator, BaseModel, Field, StrictInt, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from app.api.schemas.inputs import PlainText, RequestModel
+from app.domain.completion import DEFAULT_ASYNC_TIMEOUT_S, MAX_ASYNC_TIMEOUT_S, MIN_TIMEOUT_S, CompletionMode
 from app.settings import TARGET_TIMEOUT_CEILING_S
 
 # Headers cronhook sets itself, or that would break the request if a target overrode them.
@@ -114,6 +116,49 @@ RetryStatuses = Annotated[
 ]
 
 
+Completion = Annotated[
+    CompletionMode | None,
+    Field(
+        description="`sync` (default): an attempt ends with the receiver's answer. `async`: a `202 Accepted` "
+        "leaves the attempt open until the receiver reports on the request's `cronhook-completion-url` "
+        "(POST /v1/completions/{token}), or a deadline passes"
+    ),
+]
+AsyncTimeout = Annotated[
+    int | None,
+    Field(
+        strict=True,
+        ge=MIN_TIMEOUT_S,
+        le=MAX_ASYNC_TIMEOUT_S,
+        description="Async attempts: the longest an attempt may run, from its delivery to the receiver's report "
+        f"(default {DEFAULT_ASYNC_TIMEOUT_S} s, at most 7 days); then it fails (`async_timeout`) and is retried",
+    ),
+]
+HeartbeatTimeout = Annotated[
+    int | None,
+    Field(
+        strict=True,
+        ge=MIN_TIMEOUT_S,
+        le=MAX_ASYNC_TIMEOUT_S,
+        description="Async attempts: fail an attempt early (`heartbeat_timeout`) when its receiver has not "
+        "reported (202, heartbeat) for this long; null = no heartbeat needed",
+    ),
+]
+AsyncCountsInFlight = Annotated[
+    bool | None,
+    Field(
+        strict=True,
+        description="Whether open async attempts count against max_in_flight until they finish (default true)",
+    ),
+]
+
+
+def check_async_timeouts(async_timeout_s: int | None, heartbeat_timeout_s: int | None) -> None:
+    """A heartbeat timeout longer than the attempt's own could never fire: refused."""
+    if async_timeout_s is not None and heartbeat_timeout_s is not None and heartbeat_timeout_s > async_timeout_s:
+        raise PydanticCustomError("heartbeat_too_long", "heartbeat_timeout_s must not exceed async_timeout_s")
+
+
 class TargetCreate(RequestModel):
     name: Annotated[PlainText, Field(min_length=1, max_length=200)]
     url: Annotated[
@@ -132,9 +177,18 @@ class TargetCreate(RequestModel):
     retry_on_status: RetryStatuses = None
     max_in_flight: MaxInFlight = None
     rate_per_s: RatePerS = None
+    completion: Completion = None
+    async_timeout_s: AsyncTimeout = None
+    heartbeat_timeout_s: HeartbeatTimeout = None
+    async_counts_in_flight: AsyncCountsInFlight = None
 
     _url = field_validator("url")(_check_url)
     _headers = field_validator("headers")(_check_headers)
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> TargetCreate:
+        check_async_timeouts(self.async_timeout_s or DEFAULT_ASYNC_TIMEOUT_S, self.heartbeat_timeout_s)
+        return self
 
 
 class TargetUpdate(RequestModel):
@@ -145,6 +199,15 @@ class TargetUpdate(RequestModel):
     retry_on_status: RetryStatuses = None
     max_in_flight: MaxInFlight = None
     rate_per_s: RatePerS = None
+    completion: Completion = None
+    async_timeout_s: AsyncTimeout = None
+    heartbeat_timeout_s: HeartbeatTimeout = None
+    async_counts_in_flight: AsyncCountsInFlight = None
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> TargetUpdate:
+        check_async_timeouts(self.async_timeout_s, self.heartbeat_timeout_s)
+        return self
 
     @field_validator("url")
     @classmethod
@@ -163,6 +226,10 @@ class TargetPublic(BaseModel):
     retry_on_status: list[int] | None
     max_in_flight: int | None
     rate_per_s: float | None
+    completion: CompletionMode
+    async_timeout_s: int | None
+    heartbeat_timeout_s: int | None
+    async_counts_in_flight: bool
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -201,6 +268,10 @@ def target_public(row: Any) -> TargetPublic:
         retry_on_status=row["retry_on_status"],
         max_in_flight=row["max_in_flight"],
         rate_per_s=row["rate_per_s"],
+        completion=row["completion"],
+        async_timeout_s=row["async_timeout_s"],
+        heartbeat_timeout_s=row["heartbeat_timeout_s"],
+        async_counts_in_flight=row["async_counts_in_flight"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )

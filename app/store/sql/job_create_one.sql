@@ -13,7 +13,7 @@ WITH
      AND targets.deleted_at IS NULL
      FOR SHARE),
   created AS
-  (INSERT INTO jobs (id, partition, target_id, name, payload, priority, schedule_kind, cron, timezone, every_s, schedule_anchor_at, scheduled_for, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, dedup_key, parent_job_id, interval_mode, misfire_policy, misfire_grace_s, catch_up_limit, overlap_policy, start_at, end_at, max_runs, tenant_id, state, run_at) SELECT
+  (INSERT INTO jobs (id, partition, target_id, name, payload, priority, schedule_kind, cron, timezone, every_s, schedule_anchor_at, scheduled_for, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, dedup_key, parent_job_id, interval_mode, misfire_policy, misfire_grace_s, catch_up_limit, overlap_policy, start_at, end_at, max_runs, completion, async_timeout_s, heartbeat_timeout_s, tenant_id, state, run_at) SELECT
      :id::UUID AS id,
      :partition::SMALLINT AS partition,
      :target_id::UUID AS target_id,
@@ -45,6 +45,9 @@ WITH
      :end_at::TIMESTAMP WITH TIME ZONE AS
      end_at,
      :max_runs::INTEGER AS max_runs,
+     :completion::VARCHAR AS completion,
+     :async_timeout_s::INTEGER AS async_timeout_s,
+     :heartbeat_timeout_s::INTEGER AS heartbeat_timeout_s,
      :tenant_id::UUID AS tenant_id,
      CAST(:param_2::VARCHAR AS job_state) AS state,
      :scheduled_for::TIMESTAMP WITH TIME ZONE AS run_at
@@ -94,6 +97,15 @@ WITH
      jobs.last_status_code,
      jobs.last_error,
      jobs.occurrences_run,
+     jobs.completion,
+     jobs.async_timeout_s,
+     jobs.heartbeat_timeout_s,
+     jobs.async_deadline_at,
+     jobs.awaiting_since,
+     jobs.completion_token_hash,
+     jobs.last_heartbeat_at,
+     jobs.progress,
+     jobs.progress_message,
      jobs.parent_job_id,
      jobs.created_at,
      jobs.updated_at,
@@ -146,6 +158,15 @@ SELECT
   created.last_status_code,
   created.last_error,
   created.occurrences_run,
+  created.completion,
+  created.async_timeout_s,
+  created.heartbeat_timeout_s,
+  created.async_deadline_at,
+  created.awaiting_since,
+  created.completion_token_hash,
+  created.last_heartbeat_at,
+  created.progress,
+  created.progress_message,
   created.parent_job_id,
   created.created_at,
   created.updated_at,

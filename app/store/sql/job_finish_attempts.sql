@@ -15,6 +15,12 @@
 --   :param_4 = None
 --   :param_5 = 0
 --   :param_6 = 1
+--   :param_7 = None
+--   :param_8 = None
+--   :param_9 = None
+--   :param_10 = None
+--   :param_11 = None
+--   :param_12 = None
 
 WITH
   applied AS
@@ -47,6 +53,12 @@ WITH
                                                  WHEN (outcome.new_state = :new_state_2::VARCHAR) THEN :param_5::INTEGER
                                                  ELSE :param_6::INTEGER
                                              END),
+     async_deadline_at=:param_7::TIMESTAMP WITH TIME ZONE,
+     awaiting_since=:param_8::TIMESTAMP WITH TIME ZONE,
+     completion_token_hash=:param_9::VARCHAR,
+     last_heartbeat_at=:param_10::TIMESTAMP WITH TIME ZONE,
+     progress=:param_11::SMALLINT,
+     progress_message=:param_12::VARCHAR,
      updated_at=now(),
      finished_at=CASE
                      WHEN (outcome.new_state = :new_state_2::VARCHAR
@@ -60,7 +72,7 @@ WITH
      jobs.id,
      outcome.lease_token),
   written AS
-  (INSERT INTO runs (job_id, tenant_id, occurrence_id, scheduled_for, attempt, replica_id, started_at, status_code, duration_ms, outcome, error) SELECT
+  (INSERT INTO runs (job_id, tenant_id, occurrence_id, scheduled_for, attempt, replica_id, started_at, status_code, duration_ms, outcome, error, lease_token) SELECT
      ran.id AS id,
      ran.tenant_id AS tenant_id,
      ran.occurrence_id AS occurrence_id,
@@ -71,7 +83,8 @@ WITH
      ran.status_code AS status_code,
      ran.duration_ms AS duration_ms,
      ran.outcome AS outcome,
-     ran.error AS error
+     ran.error AS error,
+     ran.lease_token AS lease_token
    FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[]) AS ran(id, lease_token, new_state, retry_delay_s, next_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, attempt, replica_id, started_at, duration_ms, outcome)
    JOIN applied ON applied.id = ran.id
    AND applied.lease_token = ran.lease_token)

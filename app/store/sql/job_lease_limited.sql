@@ -80,4 +80,7 @@ WHERE jobs.id = any(:ids::UUID[])
   END AS previous_signing_secret,
   targets.retry_on_status,
   targets.max_in_flight AS target_max_in_flight,
+  coalesce(jobs.completion, targets.completion) AS completion_mode,
+  coalesce(jobs.async_timeout_s, targets.async_timeout_s) AS completion_async_timeout_s,
+  coalesce(jobs.heartbeat_timeout_s, targets.heartbeat_timeout_s) AS completion_heartbeat_timeout_s,
   now() AS claimed_at;

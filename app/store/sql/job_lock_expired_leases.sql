@@ -69,8 +69,13 @@ SELECT
   END AS previous_signing_secret,
   targets.retry_on_status,
   targets.max_in_flight AS target_max_in_flight,
+  coalesce(jobs.completion, targets.completion) AS completion_mode,
+  coalesce(jobs.async_timeout_s, targets.async_timeout_s) AS completion_async_timeout_s,
+  coalesce(jobs.heartbeat_timeout_s, targets.heartbeat_timeout_s) AS completion_heartbeat_timeout_s,
   now() AS claimed_at,
-  jobs.lease_expires_at >= now() AS owner_dead
+  jobs.lease_expires_at >= now() AS owner_dead,
+  jobs.async_deadline_at <= now() AS async_deadline_passed,
+  jobs.awaiting_since
 FROM jobs
 JOIN targets ON targets.id = jobs.target_id
 WHERE jobs.state = :state_1::job_state
