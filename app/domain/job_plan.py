@@ -145,6 +145,13 @@ def job_completion(fields: JobFields) -> JobCompletion | None:
     """The job's own completion settings, or None when it sets none (its target's apply)."""
     if fields.completion is None and fields.async_timeout_s is None and fields.heartbeat_timeout_s is None:
         return None
+    # Checked here, not by the request model: a validator there costs every create.
+    if (
+        fields.async_timeout_s is not None
+        and fields.heartbeat_timeout_s is not None
+        and fields.heartbeat_timeout_s > fields.async_timeout_s
+    ):
+        raise PlanError("heartbeat_timeout_s", "must not exceed async_timeout_s")
     mode = None if fields.completion is None else str(fields.completion)
     return JobCompletion(mode, fields.async_timeout_s, fields.heartbeat_timeout_s)
 

@@ -40,7 +40,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.db.driver import DriverStatement, driver_fetch_one
 from app.domain.states import TERMINAL_STATES, JobState
 from app.ids import new_id
-from app.store.job_rows_new import ALWAYS_ARRAYS, COLUMN_NAMES, NEW_JOB_COLUMNS, PreparedJob, job_arrays, job_values
+from app.store.job_rows_new import (
+    ALWAYS_ARRAYS,
+    COLUMN_NAMES,
+    CREATED_COLUMNS,
+    NEW_JOB_COLUMNS,
+    PreparedJob,
+    job_arrays,
+    job_values,
+)
 from app.store.tables import DEDUP_KEY_LIVE, api_keys, audit_log, job_state, jobs, targets
 from app.store.targets import target_live, target_share_lock_live
 
@@ -75,7 +83,7 @@ def insert_many_statement() -> Any:
     """The INSERT of `job_insert_many`: the rows as they come, one array per column."""
     new = _rows()
     selected = _insert_select(new, _TENANT_ID).select_from(new)
-    return insert(jobs).from_select(list(selected.selected_columns.keys()), selected).returning(*jobs.c)
+    return insert(jobs).from_select(list(selected.selected_columns.keys()), selected).returning(*CREATED_COLUMNS)
 
 
 def _insert_if_new(selected: Select[Any]) -> Any:
@@ -126,7 +134,7 @@ def create_one_statement(key_checked: bool) -> DriverStatement:
     )
     # One row when the target is live (and then share-locked), none otherwise.
     selected = select(*(value.label(name) for name, value in values.items())).select_from(live_target)
-    created = _insert_if_new(selected).returning(*jobs.c).cte("created")
+    created = _insert_if_new(selected).returning(*CREATED_COLUMNS).cte("created")
     # The audit row of the create, written by the same statement for the row that went in
     # (none when it did not): no round trip of its own, and it commits with the job.
     audit_row = select(

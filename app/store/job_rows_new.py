@@ -65,6 +65,15 @@ NEW_JOB_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("heartbeat_timeout_s", Integer()),
 )
 
+# What a create returns of the job it wrote: every column but an open async attempt's, which
+# a new job never has (job_public reads them as absent), and which cost the server decoding
+# on every create.
+OPEN_ATTEMPT_COLUMNS = frozenset(
+    {"async_deadline_at", "awaiting_since", "completion_token_hash", "last_heartbeat_at", "progress"}
+    | {"progress_message"}
+)
+CREATED_COLUMNS = tuple(column for column in jobs.c if column.name not in OPEN_ATTEMPT_COLUMNS)
+
 # A one-off job's recurrence columns: the policies' defaults (the columns are NOT NULL).
 _ONE_OFF_RECURRENCE: dict[str, Any] = {
     "interval_mode": Recurrence.interval_mode.value,

@@ -6,10 +6,10 @@ import datetime as dt
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, JsonValue, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, Field, JsonValue, WithJsonSchema
 
 from app.api.schemas.inputs import PlainText, RequestModel, Timestamp, check_json_payload
-from app.api.schemas.targets import AsyncTimeout, Completion, HeartbeatTimeout, check_async_timeouts
+from app.api.schemas.targets import AsyncTimeout, Completion, HeartbeatTimeout
 from app.domain.completion import ASYNC_OWNER, CompletionMode
 from app.domain.job import AWAITING_COMPLETION, RunOutcome
 from app.domain.occurrences import (
@@ -84,11 +84,6 @@ class JobCreate(RequestModel):
     max_runs: Annotated[int | None, Field(strict=True, ge=1, le=10**9)] = Field(
         default=None, description="End the job after this many delivered occurrences"
     )
-
-    @model_validator(mode="after")
-    def _async_timeouts(self) -> JobCreate:
-        check_async_timeouts(self.async_timeout_s, self.heartbeat_timeout_s)
-        return self
 
 
 class JobUpdate(JobCreate):
@@ -266,11 +261,12 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         async_timeout_s=row["async_timeout_s"],
         heartbeat_timeout_s=row["heartbeat_timeout_s"],
         awaiting_completion=(awaiting := is_awaiting(row)),
+        # A create's row has no open-attempt columns (CREATED_COLUMNS): absent, they are null.
         deadline_at=row["async_deadline_at"] if awaiting else None,
         heartbeat_deadline_at=row["lease_expires_at"] if awaiting else None,
-        last_heartbeat_at=row["last_heartbeat_at"],
-        progress=row["progress"],
-        progress_message=row["progress_message"],
+        last_heartbeat_at=row.get("last_heartbeat_at"),
+        progress=row.get("progress"),
+        progress_message=row.get("progress_message"),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],
