@@ -28,7 +28,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.completion import ASYNC_OWNER, CompletionMode
@@ -198,15 +198,10 @@ async def job_heartbeat(
     return (await conn.execute(_heartbeat_statement(), params)).first() is not None
 
 
-async def run_note_report(
-    conn: AsyncConnection, job_id: uuid.UUID, lease_token: uuid.UUID, result_json: str | None
-) -> None:
-    """The receiver's report on the run just written for its attempt: when, and its result."""
-    await conn.execute(
-        update(runs)
-        .where(runs.c.job_id == job_id, runs.c.lease_token == lease_token)
-        .values(reported_at=func.now(), result=None if result_json is None else cast(literal(result_json), JSONB))
-    )
+async def job_attempt_open(conn: AsyncConnection, job_id: uuid.UUID, lease_token: uuid.UUID) -> bool:
+    """Whether the job still runs the attempt under this lease."""
+    stmt = select(jobs.c.id).where(jobs.c.id == job_id, state_in([JobState.RUNNING]), jobs.c.lease_token == lease_token)
+    return (await conn.scalar(stmt)) is not None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from sqlalchemy import DateTime, Double, Integer, Text, bindparam, case, cast, func, select, update
-from sqlalchemy.dialects.postgresql import ARRAY, UUID, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.driver import DriverStatement, driver_fetch_all
@@ -71,15 +71,22 @@ def _outcome_row(item: FinishedAttempt) -> tuple[Any, ...]:
     )
 
 
+# A receiver's report on an async attempt (app/api/routes/completions.py): its result, and
+# that the receiver made it (reported_at), written with the run.
+_REPORT_COLUMNS: list[tuple[str, Any]] = [("result", Text)]
+
+
 @functools.cache
-def _finish_statement() -> DriverStatement:
+def _finish_statement(reported: bool = False) -> DriverStatement:
     """The batch's UPDATE of jobs with the attempts' run rows as a data-modifying CTE: one
     statement, one round trip, built and compiled once (for the driver: app/db/driver.py).
     The batch travels as one typed array per column (bind parameters named after the
-    columns), unnested into rows."""
+    columns), unnested into rows. `reported`: the variant for receivers' reports, whose runs
+    also get a result and reported_at (the scheduler's batches never use it)."""
+    columns = _OUTCOME_COLUMNS + (_REPORT_COLUMNS if reported else [])
     # Named apart from jobs' columns: a parameter named like a column would become a SET.
-    arrays = [bindparam(f"outcome_{name}", type_=ARRAY(type_)) for name, type_ in _OUTCOME_COLUMNS]
-    outcome = func.unnest(*arrays).table_valued(*(name for name, _ in _OUTCOME_COLUMNS)).render_derived(name="outcome")
+    arrays = [bindparam(f"outcome_{name}", type_=ARRAY(type_)) for name, type_ in columns]
+    outcome = func.unnest(*arrays).table_valued(*(name for name, _ in columns)).render_derived(name="outcome")
     new_state = cast(outcome.c.new_state, job_state)
     retry_delay_s = cast(outcome.c.retry_delay_s, Double)
     next_at = cast(outcome.c.next_at, DateTime(timezone=True))
@@ -121,6 +128,9 @@ def _finish_statement() -> DriverStatement:
     ran = outcome.alias("ran")
     run_columns = ["job_id", "tenant_id", "occurrence_id", "scheduled_for", "attempt", "replica_id"]
     run_columns += ["started_at", "status_code", "duration_ms", "outcome", "error", "lease_token"]
+    reports = [cast(ran.c.result, JSONB), func.now()] if reported else []
+    if reported:
+        run_columns += ["result", "reported_at"]
     run_rows = select(
         ran.c.id,
         ran.c.tenant_id,
@@ -135,6 +145,7 @@ def _finish_statement() -> DriverStatement:
         ran.c.error,
         # What a completion token names: a late report finds its attempt's run by it.
         ran.c.lease_token,
+        *reports,
     ).join(applied, (applied.c.id == ran.c.id) & (applied.c.lease_token == ran.c.lease_token))
     written = insert(runs).from_select(run_columns, run_rows).cte("written")
     return DriverStatement(select(applied.c.id, applied.c.lease_token).add_cte(written))
@@ -147,7 +158,9 @@ def finish_is_one_statement(items: list[FinishedAttempt]) -> bool:
     return not any(item.step.dead_letter or item.step.overlapped.times for item in items)
 
 
-async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt]) -> set[tuple[uuid.UUID, uuid.UUID]]:
+async def job_finish_attempts(
+    conn: AsyncConnection, items: list[FinishedAttempt], results: list[str | None] | None = None
+) -> set[tuple[uuid.UUID, uuid.UUID]]:
     """Records attempts' outcomes and moves their jobs on, each guarded by its lease token.
 
     One statement for the whole batch (group commit): the UPDATE and the run rows of the
@@ -155,15 +168,23 @@ async def job_finish_attempts(conn: AsyncConnection, items: list[FinishedAttempt
     (in the caller's transaction: see finish_is_one_statement).
     Returns the (job id, lease token) pairs applied; an attempt missing from it was fenced
     (reaped or cancelled meanwhile): its outcome is not applied and no run is written for it.
+
+    `results`: the attempts were reported by their receivers (async completion), one result
+    (JSON text, or None) per item, kept on their runs with reported_at.
     """
     if not items:
         return set()
-    # One outcome per lease: the same claim handed over twice must not write two runs.
-    items = list({item.lease: item for item in items}.values())
+    if results is None:
+        # One outcome per lease: the same claim handed over twice must not write two runs.
+        items = list({item.lease: item for item in items}.values())
+    elif len(results) != len(items):
+        raise ValueError("one result per reported attempt")
     columns = list(zip(*(_outcome_row(item) for item in items), strict=True))
     params = {f"outcome_{name}": list(values) for (name, _), values in zip(_OUTCOME_COLUMNS, columns, strict=True)}
+    if results is not None:
+        params["outcome_result"] = results
     # Matched by (id, token): a stale outcome for the same job in this batch is not "applied".
-    rows = await driver_fetch_all(conn, _finish_statement(), params)
+    rows = await driver_fetch_all(conn, _finish_statement(reported=results is not None), params)
     applied_leases = {(row["id"], row["lease_token"]) for row in rows}
     done = [item for item in items if item.lease in applied_leases]
 

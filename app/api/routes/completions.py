@@ -26,7 +26,7 @@ from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.domain.payload import payload_json, payload_size
 from app.keyring import KeyRing
-from app.store.completions import job_heartbeat, job_lock_open_attempt, run_fence_report, run_note_report
+from app.store.completions import job_attempt_open, job_heartbeat, job_lock_open_attempt, run_fence_report
 from app.store.outcomes import job_finish_attempts
 
 router = APIRouter(prefix="/v1/completions", tags=["completions"])
@@ -92,6 +92,9 @@ async def report_heartbeat(token: Admitted, body: HeartbeatReport, conn: Conn) -
     """The attempt is still being worked on: pushes its heartbeat deadline out by the
     heartbeat timeout (never past its async_timeout_s deadline), with optional progress."""
     if not await job_heartbeat(conn, token.job_id, token.lease_token, token.digest, body.progress, body.message):
+        if await job_attempt_open(conn, token.job_id, token.lease_token):
+            # Open, but under another token than this one (the one its 202 recorded).
+            raise Problem(404, "unknown completion token", slug="not-found")
         raise await _ended(conn, token)
     return Response(status_code=204)
 
@@ -140,7 +143,6 @@ async def _finish(
         retry_after_s=result.retry_after_s,
     )
     item = FinishedAttempt(job, result, step)
-    applied = await job_finish_attempts(conn, [item])
+    applied = await job_finish_attempts(conn, [item], results=[result_json])
     assert item.lease in applied, "the job's row is locked: its lease cannot have changed"
-    await run_note_report(conn, job.id, job.lease_token, result_json)
     metrics.async_report(body.outcome.value, None if duration_ms is None else duration_ms / 1000)
