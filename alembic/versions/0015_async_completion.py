@@ -43,6 +43,7 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("last_heartbeat_at", _TS))
     op.add_column("jobs", sa.Column("progress", sa.SmallInteger))
     op.add_column("jobs", sa.Column("progress_message", sa.Text))
+    op.add_column("jobs", sa.Column("pause_requested_at", _TS))
     op.create_check_constraint("completion_valid", "jobs", "completion IS NULL OR completion IN ('sync', 'async')")
     op.create_check_constraint(
         "async_open_iff_deadline",
@@ -83,6 +84,7 @@ def downgrade() -> None:
     for name in ("progress_range", "async_open_iff_deadline", "completion_valid"):
         op.drop_constraint(name, "jobs", type_="check")
     for column in (
+        "pause_requested_at",
         "progress_message",
         "progress",
         "last_heartbeat_at",

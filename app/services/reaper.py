@@ -28,7 +28,7 @@ from app.domain.lifecycle import after_attempt
 from app.keyring import KeyRing
 from app.logs import log_event
 from app.settings import Settings, copy_settings, default_of
-from app.store.completions import job_count_open_async
+from app.store.completions import job_apply_requested_pauses, job_count_open_async
 from app.store.idempotency import idempotency_key_purge_expired
 from app.store.outcomes import job_finish_attempts
 from app.store.rescues import ExpiredLease, job_lock_expired_leases
@@ -123,6 +123,8 @@ class Reaper:
                 owner_dead = {lease.job.lease_token for lease in expired if lease.owner_dead}
                 # We hold the rows' locks, so every one applies; the guard stays as a backstop.
                 applied = await job_finish_attempts(conn, items)
+                # A pause asked for while an async attempt was open takes effect now.
+                await job_apply_requested_pauses(conn, [lease.job.id for lease in expired if lease.async_open])
         for item in items:
             if item.lease not in applied:
                 continue

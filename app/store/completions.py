@@ -20,6 +20,7 @@ from sqlalchemy import (
     Integer,
     SmallInteger,
     Text,
+    any_,
     bindparam,
     case,
     cast,
@@ -29,11 +30,12 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.domain.completion import ASYNC_OWNER, CompletionMode
 from app.domain.job import ClaimedJob, OpenedAttempt, RunOutcome
-from app.domain.states import TERMINAL_STATES, JobState
+from app.domain.states import PAUSABLE_STATES, TERMINAL_STATES, JobState
 from app.keyring import KeyRing
 from app.store.job_rows import CLAIMED_JOB_COLUMNS, claimed_from_row
 from app.store.tables import jobs, runs, state_in, targets
@@ -280,3 +282,51 @@ async def async_completion_in_use(conn: AsyncConnection) -> bool:
     )
     async_job = select(jobs.c.id).where(jobs.c.completion == CompletionMode.ASYNC.value, ~state_in(TERMINAL_STATES))
     return bool(await conn.scalar(select(async_target.exists() | async_job.exists())))
+
+
+async def job_request_pause(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:
+    """A pause of a job whose async attempt is open: noted, applied when the attempt ends
+    (job_apply_requested_pauses); None when no attempt is open."""
+    stmt = (
+        update(jobs)
+        .where(
+            jobs.c.id == job_id,
+            jobs.c.tenant_id == tenant_id,
+            state_in([JobState.RUNNING]),
+            jobs.c.lease_owner == ASYNC_OWNER,
+        )
+        .values(pause_requested_at=func.coalesce(jobs.c.pause_requested_at, func.now()), updated_at=func.now())
+        .returning(*jobs.c)
+    )
+    return (await conn.execute(stmt)).mappings().one_or_none()
+
+
+async def job_withdraw_pause(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:
+    """A resume before the pause it follows took effect: the pause is withdrawn; None when
+    no pause is pending."""
+    stmt = (
+        update(jobs)
+        .where(
+            jobs.c.id == job_id,
+            jobs.c.tenant_id == tenant_id,
+            state_in([JobState.RUNNING]),
+            jobs.c.pause_requested_at.is_not(None),
+        )
+        .values(pause_requested_at=None, updated_at=func.now())
+        .returning(*jobs.c)
+    )
+    return (await conn.execute(stmt)).mappings().one_or_none()
+
+
+async def job_apply_requested_pauses(conn: AsyncConnection, job_ids: list[uuid.UUID]) -> None:
+    """Jobs whose attempt just ended (a report, a timeout) with a pause pending: paused if
+    they wait for a next occurrence or a retry; the request dropped in any case."""
+    if not job_ids:
+        return
+    pending = (jobs.c.id == any_(literal(job_ids, _UUIDS)), jobs.c.pause_requested_at.is_not(None))
+    await conn.execute(
+        update(jobs)
+        .where(*pending, state_in(PAUSABLE_STATES))
+        .values(state=JobState.PAUSED, run_at=None, pause_requested_at=None, updated_at=func.now())
+    )
+    await conn.execute(update(jobs).where(*pending).values(pause_requested_at=None))

@@ -26,7 +26,7 @@ _NOT_READ_ON_CLAIM = frozenset(
     | {"last_status_code", "last_error", "parent_job_id", "created_at", "updated_at", "finished_at"}
     # Completion: read resolved against the target's (below); an open attempt's state, never.
     | {"completion", "async_timeout_s", "heartbeat_timeout_s", "async_deadline_at", "awaiting_since"}
-    | {"completion_token_hash", "last_heartbeat_at", "progress", "progress_message"}
+    | {"completion_token_hash", "last_heartbeat_at", "progress", "progress_message", "pause_requested_at"}
 )
 
 # What a claimed job is read with (claim and reaper alike): the job, its target's delivery

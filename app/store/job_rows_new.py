@@ -70,7 +70,7 @@ NEW_JOB_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
 # on every create.
 OPEN_ATTEMPT_COLUMNS = frozenset(
     {"async_deadline_at", "awaiting_since", "completion_token_hash", "last_heartbeat_at", "progress"}
-    | {"progress_message"}
+    | {"progress_message", "pause_requested_at"}
 )
 CREATED_COLUMNS = tuple(column for column in jobs.c if column.name not in OPEN_ATTEMPT_COLUMNS)
 

@@ -259,6 +259,9 @@ jobs = Table(
     _ts("last_heartbeat_at"),
     Column("progress", SmallInteger),
     Column("progress_message", Text),
+    # A pause asked for while an async attempt was open: applied when the attempt ends (a
+    # long attempt is neither interrupted nor makes the pause wait for it to be retried).
+    _ts("pause_requested_at"),
     # The recurring job this one-off carries an occurrence of: a trigger, or (overlap_policy
     # allow) an occurrence handed off so the next can start while it is in flight.
     Column("parent_job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")),

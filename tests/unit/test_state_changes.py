@@ -52,6 +52,11 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     # job_finish_attempts).
     ("completions", "job_open_async_attempts"): (RUNNING, (S.RUNNING,)),
     ("completions", "job_heartbeat"): (RUNNING, (S.RUNNING,)),
+    # A pause asked for while an attempt is open is noted (or withdrawn by a resume), and
+    # applied to the jobs whose attempt just ended and that now wait.
+    ("completions", "job_request_pause"): (RUNNING, (S.RUNNING,)),
+    ("completions", "job_withdraw_pause"): (RUNNING, (S.RUNNING,)),
+    ("completions", "job_apply_requested_pauses"): (PAUSABLE_STATES, (S.PAUSED,)),
     # Every state app/domain/lifecycle.py's after_attempt can choose.
     ("outcomes", "job_finish_attempts"): (RUNNING, (S.SUCCEEDED, S.SCHEDULED, S.RETRYING, S.DEAD)),
 }

@@ -26,7 +26,13 @@ from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.domain.payload import payload_json, payload_size
 from app.keyring import KeyRing
-from app.store.completions import job_attempt_open, job_heartbeat, job_lock_open_attempt, run_fence_report
+from app.store.completions import (
+    job_apply_requested_pauses,
+    job_attempt_open,
+    job_heartbeat,
+    job_lock_open_attempt,
+    run_fence_report,
+)
 from app.store.outcomes import job_finish_attempts
 
 router = APIRouter(prefix="/v1/completions", tags=["completions"])
@@ -145,4 +151,5 @@ async def _finish(
     item = FinishedAttempt(job, result, step)
     applied = await job_finish_attempts(conn, [item], results=[result_json])
     assert item.lease in applied, "the job's row is locked: its lease cannot have changed"
+    await job_apply_requested_pauses(conn, [job.id])
     metrics.async_report(body.outcome.value, None if duration_ms is None else duration_ms / 1000)

@@ -19,6 +19,7 @@ from app.domain.job_plan import COMPLETION_FIELDS, plan_one_off, plan_update
 from app.domain.payload import payload_json
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
 from app.store import jobs as store
+from app.store.completions import job_request_pause, job_withdraw_pause
 from app.store.job_rows import job_change_columns, policy_from_row, recurrence_from_row, schedule_from_row
 from app.store.job_rows_new import PreparedJob
 from app.store.targets import target_lock_live
@@ -49,14 +50,17 @@ async def _changed_or_conflict(
 
 @router.post("/{job_id}/pause", operation_id="pauseJob")
 async def pause_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPublic:
-    """Stops a scheduled or retrying job from firing until resumed (409 while running or finished)."""
-    return await _changed_or_conflict(conn, tenant_id, job_id, await store.job_pause(conn, tenant_id, job_id), "pause")
+    """Stops a scheduled or retrying job from firing until resumed (409 while a delivery is in
+    flight, or finished). While an async attempt is open, the pause waits for it: the job
+    shows `pause_requested` and is paused when the attempt ends."""
+    changed = await store.job_pause(conn, tenant_id, job_id) or await job_request_pause(conn, tenant_id, job_id)
+    return await _changed_or_conflict(conn, tenant_id, job_id, changed, "pause")
 
 
 @router.post("/{job_id}/resume", operation_id="resumeJob")
 async def resume_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPublic:
     """Makes a paused job due again; fire times missed while paused follow its misfire policy."""
-    changed = await store.job_resume(conn, tenant_id, job_id)
+    changed = await store.job_resume(conn, tenant_id, job_id) or await job_withdraw_pause(conn, tenant_id, job_id)
     return await _changed_or_conflict(conn, tenant_id, job_id, changed, "resume")
 
 

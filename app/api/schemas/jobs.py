@@ -145,6 +145,9 @@ class JobPublic(BaseModel):
     last_heartbeat_at: dt.datetime | None = Field(description="Open attempt: the receiver's last heartbeat")
     progress: int | None = Field(description="Open attempt: the receiver's last reported progress, 0-100")
     progress_message: str | None = Field(description="Open attempt: the receiver's last progress message")
+    pause_requested: bool = Field(
+        description="Paused while an async attempt was open: the job is paused when the attempt ends"
+    )
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
@@ -267,6 +270,7 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         last_heartbeat_at=row.get("last_heartbeat_at"),
         progress=row.get("progress"),
         progress_message=row.get("progress_message"),
+        pause_requested=row.get("pause_requested_at") is not None,
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],
