@@ -15,14 +15,20 @@ from typing import Any
 
 from app.client.http import ApiClient, ApiError
 from app.client.output import render
+from app.domain.job import AWAITING_COMPLETION
 
 JOB_COLUMNS = ("id", "name", "state", "schedule", "next_run_at", "attempt", "last_status_code")
 JOB_DETAIL = (
-    "id", "name", "state", "target_id", "schedule", "priority", "next_run_at", "attempt", "max_attempts", "runs",
-    "last_status_code", "last_error", "payload", "created_at",
+    "id", "name", "state", "target_id", "schedule", "completion", "priority", "next_run_at", "attempt",
+    "max_attempts", "runs", "last_status_code", "last_error", "payload", "created_at",
 )  # fmt: skip
 RUN_COLUMNS = ("scheduled_for", "attempt", "outcome", "status_code", "duration_ms", "finished_at", "error")
-TARGET_COLUMNS = ("id", "name", "url", "timeout_s", "max_in_flight", "rate_per_s")
+# Async runs (open, or finished with a receiver's report) add a column after the outcome.
+ASYNC_RUN_COLUMNS = (*RUN_COLUMNS[:3], "report", *RUN_COLUMNS[3:])
+TARGET_COLUMNS = ("id", "name", "url", "timeout_s", "max_in_flight", "rate_per_s", "completion")
+# A finished async run's result, in a table, is cut to this many characters (--json has it whole).
+RESULT_CHARS = 60
+COMPLETION_MODES = ("sync", "async")
 DEAD_LETTER_COLUMNS = ("id", "job_id", "scheduled_for", "attempts", "last_status_code", "created_at", "replay_job_id")
 
 Handler = Callable[[ApiClient, argparse.Namespace], tuple[Any, tuple[str, ...]]]
@@ -40,6 +46,72 @@ def _jobs(items: Any) -> Any:
     if isinstance(items, list):
         return [{**job, "schedule": _schedule(job)} for job in items]
     return {**items, "schedule": _schedule(items)}
+
+
+def _completion(item: dict[str, Any], inherited: str = "sync") -> str:
+    """A target's or job's completion mode with the timeouts it sets: `async (timeout 600s, heartbeat 60s)`."""
+    mode = str(item.get("completion") or inherited)
+    if mode == "sync":
+        return mode
+    details = [
+        f"{label} {item[field]}s"
+        for label, field in (("timeout", "async_timeout_s"), ("heartbeat", "heartbeat_timeout_s"))
+        if item.get(field)
+    ]
+    if item.get("async_counts_in_flight") is False:
+        details.append("not counted in max_in_flight")
+    return f"{mode} ({', '.join(details)})" if details else mode
+
+
+def _progress(item: dict[str, Any]) -> str:
+    """An open attempt as its receiver last reported it: `40% "halfway" deadline ...`."""
+    parts = [] if item.get("progress") is None else [f"{item['progress']}%"]
+    if item.get("progress_message"):
+        parts.append(json.dumps(item["progress_message"], ensure_ascii=False))
+    parts.append(f"deadline {item.get('deadline_at') or '-'}")
+    return " ".join(parts)
+
+
+def _abbreviated(value: Any) -> str:
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return text if len(text) <= RESULT_CHARS else text[: RESULT_CHARS - 3] + "..."
+
+
+def _run_report(run: dict[str, Any]) -> str | None:
+    """What a receiver reported on an async run: an open one's progress, a finished one's result."""
+    if run.get("outcome") == AWAITING_COMPLETION:
+        return _progress(run)
+    parts = [] if run.get("result") is None else [f"result {_abbreviated(run['result'])}"]
+    if run.get("fenced_at"):
+        parts.append(f"late report refused at {run['fenced_at']}")
+    return " ".join(parts) or None
+
+
+def _job_detail(job: dict[str, Any], as_json: bool) -> tuple[Any, tuple[str, ...]]:
+    """One job; a table names its completion mode and shows an open async attempt under its state."""
+    shown = _jobs(job)
+    if as_json:
+        return shown, JOB_DETAIL
+    shown["completion"] = _completion(job, inherited="the target's")
+    if not job.get("awaiting_completion"):
+        return shown, JOB_DETAIL
+    attempt = f"{AWAITING_COMPLETION} {_progress(job)}"
+    if job.get("heartbeat_deadline_at") not in (None, job.get("deadline_at")):
+        attempt += f" heartbeat deadline {job['heartbeat_deadline_at']}"
+    if job.get("last_heartbeat_at"):
+        attempt += f" last heartbeat {job['last_heartbeat_at']}"
+    shown["open_attempt"] = attempt
+    at = JOB_DETAIL.index("state") + 1
+    return shown, (*JOB_DETAIL[:at], "open_attempt", *JOB_DETAIL[at:])
+
+
+def _targets(items: Any, as_json: bool) -> Any:
+    """Targets; a table spells out the completion mode with its timeouts."""
+    if as_json:
+        return items
+    if isinstance(items, list):
+        return [{**target, "completion": _completion(target)} for target in items]
+    return {**items, "completion": _completion(items)}
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -61,7 +133,10 @@ def _header(text: str) -> tuple[str, str]:
 
 def jobs_create(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
     body: dict[str, Any] = {"target_id": args.target}
-    for field in ("payload", "name", "cron", "timezone", "priority", "dedup_key", "max_attempts"):
+    for field in (
+        "payload", "name", "cron", "timezone", "priority", "dedup_key", "max_attempts",
+        "completion", "async_timeout_s", "heartbeat_timeout_s",
+    ):  # fmt: skip
         if getattr(args, field) is not None:
             body[field] = getattr(args, field)
     if args.delay is not None:
@@ -72,7 +147,7 @@ def jobs_create(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[st
         body["every_s"] = args.every
     if not any(k in body for k in ("delay_s", "run_at", "cron", "every_s")):
         body["delay_s"] = 0.001  # now
-    return _jobs(api.call("POST", "/v1/jobs", json=body)), JOB_DETAIL
+    return _job_detail(api.call("POST", "/v1/jobs", json=body), args.json)
 
 
 def jobs_list(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
@@ -83,28 +158,37 @@ def jobs_list(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[str,
 def _job_action(action: str) -> Handler:
     def handler(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
         if action == "get":
-            return _jobs(api.call("GET", f"/v1/jobs/{args.id}")), JOB_DETAIL
-        return _jobs(api.call("POST", f"/v1/jobs/{args.id}/{action}")), JOB_DETAIL
+            return _job_detail(api.call("GET", f"/v1/jobs/{args.id}"), args.json)
+        return _job_detail(api.call("POST", f"/v1/jobs/{args.id}/{action}"), args.json)
 
     return handler
 
 
 def jobs_runs(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
-    return api.pages(f"/v1/jobs/{args.id}/runs", {"limit": min(args.limit, 500)}, args.limit), RUN_COLUMNS
+    """A job's runs, oldest first; an open async attempt is the last. A table gains a `report`
+    column when a receiver reported on any of them."""
+    runs = api.pages(f"/v1/jobs/{args.id}/runs", {"limit": min(args.limit, 500)}, args.limit)
+    reports = [_run_report(run) for run in runs]
+    if args.json or not any(reports):
+        return runs, RUN_COLUMNS
+    return [{**run, "report": report} for run, report in zip(runs, reports, strict=True)], ASYNC_RUN_COLUMNS
 
 
 def targets_create(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
     body: dict[str, Any] = {"name": args.name, "url": args.url}
     if args.header:
         body["headers"] = dict(args.header)
-    for field in ("timeout_s", "max_in_flight", "rate_per_s"):
+    for field in (
+        "timeout_s", "max_in_flight", "rate_per_s",
+        "completion", "async_timeout_s", "heartbeat_timeout_s", "async_counts_in_flight",
+    ):  # fmt: skip
         if getattr(args, field) is not None:
             body[field] = getattr(args, field)
-    return api.call("POST", "/v1/targets", json=body), (*TARGET_COLUMNS, "secret")
+    return _targets(api.call("POST", "/v1/targets", json=body), args.json), (*TARGET_COLUMNS, "secret")
 
 
 def targets_list(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
-    return api.pages("/v1/targets", {"limit": 200}, None), TARGET_COLUMNS
+    return _targets(api.pages("/v1/targets", {"limit": 200}, None), args.json), TARGET_COLUMNS
 
 
 def targets_rotate_secret(api: ApiClient, args: argparse.Namespace) -> tuple[Any, tuple[str, ...]]:
@@ -144,6 +228,24 @@ def _verb(group: Any, name: str, handler: Handler, help_text: str) -> argparse.A
     return parser
 
 
+def _completion_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--completion",
+        choices=COMPLETION_MODES,
+        help=f"async: a 202 answer leaves the attempt open until the receiver reports (default: {default})",
+    )
+    parser.add_argument(
+        "--async-timeout", type=int, dest="async_timeout_s", metavar="SECONDS", help="async: longest attempt"
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        dest="heartbeat_timeout_s",
+        metavar="SECONDS",
+        help="async: fail an attempt whose receiver has not reported for this long",
+    )
+
+
 def add_client_commands(sub: Any) -> None:
     jobs = sub.add_parser("jobs", help="jobs on a running server").add_subparsers(dest="verb", required=True)
     create = _verb(jobs, "create", jobs_create, "schedule a job (now, unless --delay/--at/--cron/--every)")
@@ -158,6 +260,7 @@ def add_client_commands(sub: Any) -> None:
     create.add_argument("--priority", type=int)
     create.add_argument("--max-attempts", type=int, dest="max_attempts")
     create.add_argument("--dedup-key", dest="dedup_key")
+    _completion_arguments(create, "the target's")
     listing = _verb(jobs, "list", jobs_list, "list jobs, newest first")
     listing.add_argument("--state")
     listing.add_argument("--target")
@@ -183,6 +286,14 @@ def add_client_commands(sub: Any) -> None:
     tcreate.add_argument("--timeout", type=float, dest="timeout_s")
     tcreate.add_argument("--max-in-flight", type=int, dest="max_in_flight")
     tcreate.add_argument("--rate", type=float, dest="rate_per_s", metavar="PER_S")
+    _completion_arguments(tcreate, "sync")
+    tcreate.add_argument(
+        "--async-outside-in-flight",
+        action="store_const",
+        const=False,
+        dest="async_counts_in_flight",
+        help="open async attempts do not count against --max-in-flight",
+    )
     _verb(targets, "list", targets_list, "list targets")
     _verb(targets, "rotate-secret", targets_rotate_secret, "new signing secret").add_argument("id")
 

@@ -6,8 +6,10 @@ import asyncio
 import json
 from typing import Any
 
+import httpx
 import pytest
 
+from app.client.commands import RESULT_CHARS
 from tests.e2e.live_server import LiveServer, live_server
 from tests.e2e.test_processes import CRONHOOK, Processes, base_env
 from tests.receiver import Receiver, Reply, wait_for
@@ -35,8 +37,9 @@ async def test_the_client_verbs_drive_a_live_server(receiver: Receiver, db_url: 
         target = await cli_json(server, "targets", "create", "--name", "hooks", "--url", receiver.url())
         assert target["secret"].startswith("whsec_")
         table, _ = await cli(server, "targets", "list")
-        assert table.splitlines()[0].split() == ["id", "name", "url", "timeout_s", "max_in_flight", "rate_per_s"]
-        assert target["id"] in table and receiver.url() in table
+        header = ["id", "name", "url", "timeout_s", "max_in_flight", "rate_per_s", "completion"]
+        assert table.splitlines()[0].split() == header
+        assert target["id"] in table and receiver.url() in table and table.splitlines()[2].rstrip().endswith("sync")
         rotated = await cli_json(server, "targets", "rotate-secret", target["id"])
         assert rotated["secret"] != target["secret"]
 
@@ -95,6 +98,68 @@ async def test_the_client_verbs_drive_a_live_server(receiver: Receiver, db_url: 
         )
         _, err_bytes = await proc.communicate()
         assert proc.returncode == 1 and b"401" in err_bytes and b"CRONHOOK_API_KEY" in err_bytes
+
+
+def _field(detail: str, name: str) -> str:
+    """A field of a one-object table (`name  value`)."""
+    for line in detail.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return value.strip()
+    raise AssertionError(f"no {name} in {detail!r}")
+
+
+async def test_async_completion_in_the_client_verbs(receiver: Receiver, db_url: str, procs: Processes) -> None:
+    receiver.default = Reply(status=202, body=b"")
+    async with live_server(procs, db_url) as server, httpx.AsyncClient() as http:
+        target = await cli_json(
+            server, "targets", "create", "--name", "exports", "--url", receiver.url(), "--completion", "async",
+            "--async-timeout", "600", "--heartbeat-timeout", "300", "--async-outside-in-flight",
+        )  # fmt: skip
+        assert (target["completion"], target["async_timeout_s"], target["heartbeat_timeout_s"]) == ("async", 600, 300)
+        assert target["async_counts_in_flight"] is False
+        table, _ = await cli(server, "targets", "list")
+        assert "async (timeout 600s, heartbeat 300s, not counted in max_in_flight)" in table
+
+        detail, _ = await cli(
+            server, "jobs", "create", "--target", target["id"], "--name", "export", "--completion", "async",
+            "--async-timeout", "120", "--heartbeat-timeout", "60",
+        )  # fmt: skip
+        assert _field(detail, "completion") == "async (timeout 120s, heartbeat 60s)"
+        job_id = _field(detail, "id")
+
+        async def awaiting() -> bool:
+            return bool((await cli_json(server, "jobs", "get", job_id))["awaiting_completion"])
+
+        await wait_for(awaiting, timeout=20, interval=0.2, message="the 202 leaves the attempt open")
+        url = receiver.requests[0].headers["cronhook-completion-url"]
+        assert url.startswith(f"{server.url}/v1/completions/")
+        beat = await http.post(f"{url}/heartbeat", json={"progress": 40, "message": "halfway"})
+        assert beat.status_code == 204, beat.text
+
+        job = await cli_json(server, "jobs", "get", job_id)
+        detail, _ = await cli(server, "jobs", "get", job_id)
+        assert _field(detail, "state") == "running"
+        open_attempt = _field(detail, "open_attempt")
+        assert open_attempt.startswith(f'awaiting_completion 40% "halfway" deadline {job["deadline_at"]}')
+        assert f"last heartbeat {job['last_heartbeat_at']}" in open_attempt
+        runs_table, _ = await cli(server, "jobs", "runs", job_id)
+        lines = runs_table.splitlines()
+        assert lines[0].split()[:4] == ["scheduled_for", "attempt", "outcome", "report"]
+        assert f'awaiting_completion  40% "halfway" deadline {job["deadline_at"]}' in lines[2]
+
+        rows = [{"row": i, "status": "exported"} for i in range(10)]
+        done = await http.post(url, json={"outcome": "succeeded", "result": {"rows": rows}})
+        assert done.status_code == 204, done.text
+        detail, _ = await cli(server, "jobs", "get", job_id)
+        assert _field(detail, "state") == "succeeded" and "open_attempt" not in detail
+        runs_table, _ = await cli(server, "jobs", "runs", job_id)
+        (row,) = runs_table.splitlines()[2:]
+        # The result, abbreviated in the table; whole with --json.
+        shown = json.dumps({"rows": rows}, separators=(",", ":"))[: RESULT_CHARS - 3] + "..."
+        assert f"success  result {shown}  202" in row
+        (run,) = await cli_json(server, "jobs", "runs", job_id)
+        assert (run["outcome"], run["result"]) == ("success", {"rows": rows})
 
 
 async def test_version() -> None:

@@ -1,6 +1,7 @@
 """The web console in a real headless Chromium (Selenium, the system's chromium and
 chromium-driver) against a live server: jobs by state, a job's runs and next fire times,
-dead letters replayed one and in bulk, targets, and the cluster view with the admin key.
+dead letters replayed one and in bulk, targets, and the cluster view with the admin key;
+an open async attempt with its progress, then its reported result.
 
 Screenshots go to the test's temp dir, or to CRONHOOK_UI_SCREENSHOTS (`docs` refreshes the
 README's docs/console.png)."""
@@ -149,3 +150,88 @@ async def test_the_console_in_headless_chromium(
         await asyncio.to_thread(_drive, server, shots, cron["id"], receiver.url())
     assert (shots / "console.png").stat().st_size > 10_000
     assert server.key not in procs.log("up") and server.admin_key not in procs.log("up")
+
+
+def _drive_async(server: LiveServer, shots: Path, job_id: str, completion_url: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = _browser()
+    wait = WebDriverWait(browser, 20)
+
+    def loaded() -> None:
+        wait.until(lambda b: "loaded" in (b.find_element(By.TAG_NAME, "body").get_attribute("class") or ""))
+
+    try:
+        browser.get(f"{server.url}/ui/jobs")
+        browser.find_element(By.ID, "key-input").send_keys(server.key)
+        browser.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+        loaded()
+        assert "awaiting completion" in browser.find_element(By.CSS_SELECTOR, "#jobs tbody tr .state").text
+
+        browser.get(f"{server.url}/ui/jobs/{job_id}")
+        loaded()
+        panel = browser.find_element(By.ID, "open-attempt")
+        assert panel.is_displayed() and "awaiting completion" in panel.find_element(By.CSS_SELECTOR, ".badge").text
+        assert browser.find_element(By.ID, "attempt-progress").get_attribute("value") == "40"
+        assert browser.find_element(By.ID, "attempt-percent").text == "40%"
+        assert browser.find_element(By.ID, "attempt-message").text == "halfway"
+        deadline = browser.find_element(By.CSS_SELECTOR, "#attempt-fields [data-field=deadline]").text
+        assert deadline.startswith("20") and deadline.endswith("Z")
+        (open_run,) = browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+        assert "awaiting completion" in open_run.find_element(By.CSS_SELECTOR, ".outcome .badge").text
+        assert open_run.find_element(By.CSS_SELECTOR, ".result").text == f"40% “halfway” · deadline {deadline}"
+        # The job overrides one setting of its target (the rest are the target's).
+        assert "the target's (heartbeat 300s)" in browser.find_element(By.ID, "job-fields").text
+        browser.save_screenshot(str(shots / "console-async.png"))
+
+        # The receiver reports; the page, refreshing itself while the attempt is open, shows the result.
+        done = httpx.post(completion_url, json={"outcome": "succeeded", "result": {"rows": 12}})
+        assert done.status_code == 204, done.text
+        wait.until(ec.invisibility_of_element_located((By.ID, "open-attempt")))
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#runs tbody tr .result"), '{"rows":12}'))
+        assert browser.find_element(By.CSS_SELECTOR, "#runs tbody tr .outcome").text == "success"
+
+        browser.get(f"{server.url}/ui/targets")
+        loaded()
+        assert browser.find_element(By.CSS_SELECTOR, "#targets .completion").text == "async (timeout 600s)"
+    finally:
+        browser.quit()
+
+
+async def test_an_open_async_attempt_in_the_console(
+    receiver: Receiver, db_url: str, procs: Processes, tmp_path: Path
+) -> None:
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no headless Chromium here: apt-get install chromium chromium-driver (.ci/run does in CI)")
+    shots = Path(os.environ.get("CRONHOOK_UI_SCREENSHOTS") or tmp_path)
+    if not shots.is_absolute():
+        shots = ROOT / shots
+    receiver.default = Reply(status=202, body=b"")
+    async with (
+        live_server(procs, db_url) as server,
+        httpx.AsyncClient(base_url=server.url, headers=server.auth) as http,
+    ):
+        target = (
+            await http.post(
+                "/v1/targets",
+                json={"name": "exports", "url": receiver.url(), "completion": "async", "async_timeout_s": 600},
+            )
+        ).json()
+        job = (
+            await http.post(
+                "/v1/jobs",
+                json={"target_id": target["id"], "name": "export", "delay_s": 0.001, "heartbeat_timeout_s": 300},
+            )
+        ).json()
+
+        async def awaiting() -> bool:
+            return bool((await http.get(f"/v1/jobs/{job['id']}")).json()["awaiting_completion"])
+
+        await wait_for(awaiting, timeout=20, interval=0.2, message="the 202 leaves the attempt open")
+        completion_url = receiver.requests[0].headers["cronhook-completion-url"]
+        beat = await http.post(f"{completion_url}/heartbeat", json={"progress": 40, "message": "halfway"})
+        assert beat.status_code == 204, beat.text
+        await asyncio.to_thread(_drive_async, server, shots, job["id"], completion_url)
+    assert (shots / "console-async.png").stat().st_size > 10_000

@@ -23,6 +23,37 @@ function cell(row, value, href) {
   return td;
 }
 function button(label, onClick) { const b = document.createElement("button"); b.textContent = label; b.onclick = onClick; return b; }
+// The outcome of an open async attempt (the last of a job's runs), shown as a badge.
+const AWAITING = "awaiting_completion";
+// A finished async run's result is cut to this many characters; its cell's tooltip holds it all.
+const RESULT_CHARS = 120;
+function badge(text) { const span = document.createElement("span"); span.className = "badge awaiting"; span.textContent = text; return span; }
+function completion(item, inherited) {
+  const mode = item.completion || inherited;
+  if (mode === "sync") return mode;
+  const details = [];
+  if (item.async_timeout_s) details.push(`timeout ${item.async_timeout_s}s`);
+  if (item.heartbeat_timeout_s) details.push(`heartbeat ${item.heartbeat_timeout_s}s`);
+  if (item.async_counts_in_flight === false) details.push("not counted in max in flight");
+  return details.length ? `${mode} (${details.join(", ")})` : mode;
+}
+function progressText(item) {
+  return [item.progress === null || item.progress === undefined ? null : `${item.progress}%`,
+    item.progress_message ? `“${item.progress_message}”` : null].filter(Boolean).join(" ");
+}
+// A run's Result cell: an open attempt's progress; a finished async attempt's reported result.
+function runResult(row, run) {
+  const td = cell(row, null); td.className = "result";
+  if (run.outcome === AWAITING) { td.textContent = `${progressText(run) || "no progress yet"} · deadline ${when(run.deadline_at)}`; return; }
+  const parts = [];
+  if (run.result !== null && run.result !== undefined) {
+    const text = JSON.stringify(run.result);
+    parts.push(text.length > RESULT_CHARS ? `${text.slice(0, RESULT_CHARS - 1)}…` : text);
+    td.title = JSON.stringify(run.result, null, 2);
+  }
+  if (run.fenced_at) parts.push(`late report refused ${when(run.fenced_at)}`);
+  td.textContent = parts.length ? parts.join(" · ") : "–";
+}
 function schedule(job) { return job.cron ? `cron ${job.cron} (${job.timezone})` : job.every_s ? `every ${job.every_s}s` : "once"; }
 
 async function jobsPage() {
@@ -45,7 +76,8 @@ async function jobsPage() {
     for (const job of pageOf.items) {
       const row = tbody.insertRow();
       cell(row, job.name || job.id, `/ui/jobs/${job.id}`);
-      cell(row, job.state).className = `state ${job.state}`;
+      const state = cell(row, job.state); state.className = `state ${job.state}`;
+      if (job.awaiting_completion) state.append(" ", badge("awaiting completion"));
       cell(row, schedule(job)); cell(row, when(job.next_run_at)); cell(row, job.attempt);
       cell(row, job.last_status_code); cell(row, when(job.created_at));
     }
@@ -59,12 +91,37 @@ async function jobsPage() {
   await counts(); await load(false);
 }
 
+// An open attempt's page reloads itself while its receiver reports progress.
+const OPEN_ATTEMPT_REFRESH_MS = 5000;
+let refreshTimer = null;
+
+function showOpenAttempt(job) {
+  $("#open-attempt").hidden = !job.awaiting_completion;
+  if (!job.awaiting_completion) return;
+  const bar = $("#attempt-progress");
+  if (job.progress === null) bar.removeAttribute("value"); else bar.value = job.progress;  // none yet: indeterminate
+  $("#attempt-percent").textContent = job.progress === null ? "no progress reported yet" : `${job.progress}%`;
+  $("#attempt-message").textContent = job.progress_message || "";
+  const dl = $("#attempt-fields"); dl.replaceChildren();
+  const fields = { deadline: when(job.deadline_at), "heartbeat deadline": when(job.heartbeat_deadline_at),
+    "last heartbeat": when(job.last_heartbeat_at), attempt: `${job.attempt} of ${job.max_attempts}` };
+  for (const [name, value] of Object.entries(fields)) {
+    const dt = document.createElement("dt"); dt.textContent = name;
+    const dd = document.createElement("dd"); dd.textContent = value; dd.dataset.field = name;
+    dl.append(dt, dd);
+  }
+}
+
 async function jobPage() {
   const id = document.body.dataset.jobId;
   const job = await api(`/v1/jobs/${id}`);
+  clearTimeout(refreshTimer);
+  if (job.awaiting_completion) refreshTimer = setTimeout(() => jobPage().catch(showError), OPEN_ATTEMPT_REFRESH_MS);
+  showOpenAttempt(job);
   document.querySelector("h1").textContent = `Job ${job.name || job.id}`;
   const dl = $("#job-fields"); dl.replaceChildren();
-  const fields = { id: job.id, state: job.state, schedule: schedule(job), target: job.target_id, priority: job.priority,
+  const fields = { id: job.id, state: job.state, schedule: schedule(job), completion: completion(job, "the target's"),
+    target: job.target_id, priority: job.priority,
     "next run": when(job.next_run_at), attempt: `${job.attempt} of ${job.max_attempts}`, runs: job.runs,
     "last status": job.last_status_code, "last error": job.last_error, payload: JSON.stringify(job.payload) };
   for (const [name, value] of Object.entries(fields)) {
@@ -85,9 +142,11 @@ async function jobPage() {
   const tbody = $("#runs tbody"); tbody.replaceChildren();
   for (const run of (await api(`/v1/jobs/${id}/runs?limit=100`)).items) {
     const row = tbody.insertRow();
-    cell(row, when(run.scheduled_for)); cell(row, run.attempt); cell(row, run.outcome).className = `outcome ${run.outcome}`;
+    cell(row, when(run.scheduled_for)); cell(row, run.attempt);
+    const outcome = cell(row, run.outcome === AWAITING ? "" : run.outcome); outcome.className = `outcome ${run.outcome}`;
+    if (run.outcome === AWAITING) outcome.append(badge("awaiting completion"));
     cell(row, run.status_code); cell(row, run.duration_ms === null ? null : `${run.duration_ms} ms`);
-    cell(row, when(run.finished_at)); cell(row, run.error);
+    cell(row, when(run.finished_at)); cell(row, run.error); runResult(row, run);
   }
   for (const b of document.querySelectorAll("[data-action]")) {
     b.onclick = async () => {
@@ -134,6 +193,7 @@ async function targetsPage() {
   for (const t of (await api("/v1/targets?limit=200")).items) {
     const row = tbody.insertRow();
     cell(row, t.name); cell(row, t.url); cell(row, `${t.timeout_s}s`); cell(row, t.max_in_flight); cell(row, t.rate_per_s);
+    cell(row, completion(t, "sync")).className = "completion";
     cell(row, Object.keys(t.headers).join(", ")); cell(row, when(t.created_at));
   }
 }
