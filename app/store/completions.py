@@ -119,12 +119,14 @@ class OpenAttempt:
     awaiting_since: dt.datetime | None
     token_hash: str | None
     db_now: dt.datetime
+    # A pause waits for this attempt to end (job_apply_requested_pauses).
+    pause_requested: bool = False
 
 
 @functools.cache
 def _lock_statement() -> Any:
     return (
-        select(*CLAIMED_JOB_COLUMNS, jobs.c.awaiting_since, jobs.c.completion_token_hash)
+        select(*CLAIMED_JOB_COLUMNS, jobs.c.awaiting_since, jobs.c.completion_token_hash, jobs.c.pause_requested_at)
         .join(targets, targets.c.id == jobs.c.target_id)
         .where(
             jobs.c.id == bindparam("job_id"),
@@ -142,9 +144,9 @@ async def job_lock_open_attempt(
     row = (await conn.execute(_lock_statement(), {"job_id": job_id, "lease_token": lease_token})).mappings().first()
     if row is None:
         return None
-    return OpenAttempt(
-        claimed_from_row(row, key_ring), row["awaiting_since"], row["completion_token_hash"], row["claimed_at"]
-    )
+    paused = row["pause_requested_at"] is not None
+    job = claimed_from_row(row, key_ring)
+    return OpenAttempt(job, row["awaiting_since"], row["completion_token_hash"], row["claimed_at"], paused)
 
 
 @functools.cache

@@ -151,5 +151,6 @@ async def _finish(
     item = FinishedAttempt(job, result, step)
     applied = await job_finish_attempts(conn, [item], results=[result_json])
     assert item.lease in applied, "the job's row is locked: its lease cannot have changed"
-    await job_apply_requested_pauses(conn, [job.id])
+    if attempt.pause_requested:
+        await job_apply_requested_pauses(conn, [job.id])
     metrics.async_report(body.outcome.value, None if duration_ms is None else duration_ms / 1000)

@@ -45,7 +45,8 @@ SELECT
   coalesce(jobs.heartbeat_timeout_s, targets.heartbeat_timeout_s) AS completion_heartbeat_timeout_s,
   now() AS claimed_at,
   jobs.awaiting_since,
-  jobs.completion_token_hash
+  jobs.completion_token_hash,
+  jobs.pause_requested_at
 FROM jobs
 JOIN targets ON targets.id = jobs.target_id
 WHERE jobs.id = :job_id::UUID
