@@ -69,10 +69,28 @@ async def get_create_conn(
             await conn.commit()
 
 
+async def get_autocommit_conn(engine: Annotated[AsyncEngine, Depends(get_engine)]) -> AsyncIterator[AsyncConnection]:
+    """A connection in autocommit, for routes whose usual work is one statement, atomic on its
+    own (a receiver's report: app/api/routes/completions.py): no BEGIN and COMMIT round
+    trips. A route that needs a transaction after all calls `in_transaction` first."""
+    with DB_WATCH.operation("api_request"):
+        async with engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
+
+
+async def in_transaction(conn: AsyncConnection) -> None:
+    """Switches an autocommit connection (get_autocommit_conn) to transactions: what it runs
+    next is one transaction, committed by the caller (or rolled back when the request fails)."""
+    await conn.commit()  # ends the logical transaction autocommit keeps, so the level may change
+    await conn.execution_options(isolation_level="READ COMMITTED")
+
+
 # scope="function": the transaction commits before the response is sent, so a client never
 # holds a 201 for a row whose commit then failed.
 Conn = Annotated[AsyncConnection, Depends(get_conn, scope="function")]
 CreateConn = Annotated[AsyncConnection, Depends(get_create_conn, scope="function")]
+AutocommitConn = Annotated[AsyncConnection, Depends(get_autocommit_conn, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 

@@ -124,8 +124,8 @@ class OpenAttempt:
 
 
 @functools.cache
-def _lock_statement() -> Any:
-    return (
+def _read_statement(lock: bool) -> Any:
+    stmt = (
         select(*CLAIMED_JOB_COLUMNS, jobs.c.awaiting_since, jobs.c.completion_token_hash, jobs.c.pause_requested_at)
         .join(targets, targets.c.id == jobs.c.target_id)
         .where(
@@ -133,15 +133,18 @@ def _lock_statement() -> Any:
             state_in([JobState.RUNNING]),
             jobs.c.lease_token == bindparam("lease_token"),
         )
-        .with_for_update(of=jobs)
     )
+    return stmt.with_for_update(of=jobs) if lock else stmt
 
 
-async def job_lock_open_attempt(
-    conn: AsyncConnection, key_ring: KeyRing, job_id: uuid.UUID, lease_token: uuid.UUID
+async def job_read_open_attempt(
+    conn: AsyncConnection, key_ring: KeyRing, job_id: uuid.UUID, lease_token: uuid.UUID, *, lock: bool
 ) -> OpenAttempt | None:
-    """The attempt under this lease, locked for the transaction; None when it has ended."""
-    row = (await conn.execute(_lock_statement(), {"job_id": job_id, "lease_token": lease_token})).mappings().first()
+    """The attempt under this lease (row-locked for the transaction with `lock`); None when
+    it has ended. Unlocked, a write made from it must be guarded by the lease token (the
+    finish statement is), since the attempt may end meanwhile."""
+    params = {"job_id": job_id, "lease_token": lease_token}
+    row = (await conn.execute(_read_statement(lock), params)).mappings().first()
     if row is None:
         return None
     paused = row["pause_requested_at"] is not None

@@ -93,7 +93,7 @@ RENDERED: tuple[Rendered, ...] = (
     # Async completion: the 202's record, a heartbeat, a report's lock and finish.
     Rendered("job_open_async_attempts", completions, "_open_statement", {}),
     Rendered("job_heartbeat", completions, "_heartbeat_statement", {}),
-    Rendered("job_lock_open_attempt", completions, "_lock_statement", {}),
+    Rendered("job_lock_open_attempt", completions, "_read_statement", {"lock": True}),
     Rendered("job_finish_reported", outcomes, "_finish_statement", {"reported": True}),
     Rendered("job_lock_expired_leases", rescues, "_lock_expired_statement", {}),
     Rendered("job_delete_finished", retention, "_job_delete_finished_statement", {}),

@@ -18,22 +18,22 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app import metrics
-from app.api.deps import Conn, KeyRingDep, QuotasDep, client_address
+from app.api.deps import AutocommitConn, KeyRingDep, QuotasDep, client_address, in_transaction
 from app.api.errors import Problem
 from app.api.schemas.completions import CompletionReport, HeartbeatReport
 from app.domain.completion import MAX_RESULT_BYTES, CompletionToken, ReportOutcome, read_token
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.domain.payload import payload_json, payload_size
-from app.keyring import KeyRing
 from app.store.completions import (
+    OpenAttempt,
     job_apply_requested_pauses,
     job_attempt_open,
     job_heartbeat,
-    job_lock_open_attempt,
+    job_read_open_attempt,
     run_fence_report,
 )
-from app.store.outcomes import job_finish_attempts
+from app.store.outcomes import finish_is_one_statement, job_finish_attempts
 
 router = APIRouter(prefix="/v1/completions", tags=["completions"])
 
@@ -94,9 +94,10 @@ async def _ended(conn: AsyncConnection, token: CompletionToken) -> Problem:
 
 
 @router.post("/{token}/heartbeat", status_code=204, operation_id="reportHeartbeat", responses=_DOC)
-async def report_heartbeat(token: Admitted, body: HeartbeatReport, conn: Conn) -> Response:
+async def report_heartbeat(token: Admitted, body: HeartbeatReport, conn: AutocommitConn) -> Response:
     """The attempt is still being worked on: pushes its heartbeat deadline out by the
     heartbeat timeout (never past its async_timeout_s deadline), with optional progress."""
+    # One statement, atomic on its own (autocommit): no BEGIN and COMMIT round trips.
     if not await job_heartbeat(conn, token.job_id, token.lease_token, token.digest, body.progress, body.message):
         if await job_attempt_open(conn, token.job_id, token.lease_token):
             # Open, but under another token than this one (the one its 202 recorded).
@@ -106,7 +107,9 @@ async def report_heartbeat(token: Admitted, body: HeartbeatReport, conn: Conn) -
 
 
 @router.post("/{token}", status_code=204, operation_id="reportCompletion", responses=_DOC)
-async def report_completion(token: Admitted, body: CompletionReport, conn: Conn, key_ring: KeyRingDep) -> Response:
+async def report_completion(
+    token: Admitted, body: CompletionReport, conn: AutocommitConn, key_ring: KeyRingDep
+) -> Response:
     """The attempt's outcome: `succeeded`, `failed` (no retry) or `retry` (under the job's
     retry policy, after at least `retry_after_s`). The result is kept on the run."""
     result_json = None
@@ -116,26 +119,42 @@ async def report_completion(token: Admitted, body: CompletionReport, conn: Conn,
             raise Problem(
                 413, f"result is {size} bytes; the limit is {MAX_RESULT_BYTES}", slug="too-large", field="result"
             )
-    await _finish(conn, key_ring, token, body, result_json)
+    # Usually two statements in autocommit: the attempt read, then the finish, which is
+    # guarded by the lease (a report that lost a race to a timeout, a cancel or another
+    # report matches nothing and is answered as for an ended attempt). A finish that writes
+    # more (a dead letter, skipped fire times, a pending pause) takes a transaction and the
+    # row's lock.
+    item: FinishedAttempt | None = None
+    attempt = await job_read_open_attempt(conn, key_ring, token.job_id, token.lease_token, lock=False)
+    if attempt is not None:
+        item = _finished(attempt, token, body)
+        if attempt.pause_requested or not finish_is_one_statement([item]):
+            await in_transaction(conn)
+            attempt = await job_read_open_attempt(conn, key_ring, token.job_id, token.lease_token, lock=True)
+            item = None if attempt is None else _finished(attempt, token, body)
+    if attempt is None or item is None:
+        raise await _ended(conn, token)
+    if item.lease not in await job_finish_attempts(conn, [item], results=[result_json]):
+        raise await _ended(conn, token)
+    if attempt.pause_requested:
+        await job_apply_requested_pauses(conn, [attempt.job.id])
+    await conn.commit()
+    duration_ms = item.result.duration_ms
+    metrics.async_report(body.outcome.value, None if duration_ms is None else duration_ms / 1000)
     return Response(status_code=204)
 
 
-async def _finish(
-    conn: AsyncConnection, key_ring: KeyRing, token: CompletionToken, body: CompletionReport, result_json: str | None
-) -> None:
-    attempt = await job_lock_open_attempt(conn, key_ring, token.job_id, token.lease_token)
-    if attempt is None:
-        raise await _ended(conn, token)
+def _finished(attempt: OpenAttempt, token: CompletionToken, body: CompletionReport) -> FinishedAttempt:
+    """The attempt as its receiver reported it, and the step it leads to."""
     if attempt.token_hash is not None and attempt.token_hash != token.digest:
         raise Problem(404, "unknown completion token", slug="not-found")
     job, started = attempt.job, attempt.awaiting_since
     succeeded = body.outcome == ReportOutcome.SUCCEEDED
-    duration_ms = None if started is None else int((attempt.db_now - started).total_seconds() * 1000)
     result = AttemptOutcome(
         RunOutcome.SUCCESS if succeeded else RunOutcome.FAILED,
         status_code=202 if started is not None else None,
         error=None if succeeded else (body.error or f"the receiver reported {body.outcome.value}"),
-        duration_ms=duration_ms,
+        duration_ms=None if started is None else int((attempt.db_now - started).total_seconds() * 1000),
         started_at=started,
         retryable=body.outcome == ReportOutcome.RETRY,
         retry_after_s=body.retry_after_s,
@@ -148,9 +167,4 @@ async def _finish(
         retryable=result.retryable,
         retry_after_s=result.retry_after_s,
     )
-    item = FinishedAttempt(job, result, step)
-    applied = await job_finish_attempts(conn, [item], results=[result_json])
-    assert item.lease in applied, "the job's row is locked: its lease cannot have changed"
-    if attempt.pause_requested:
-        await job_apply_requested_pauses(conn, [job.id])
-    metrics.async_report(body.outcome.value, None if duration_ms is None else duration_ms / 1000)
+    return FinishedAttempt(job, result, step)
