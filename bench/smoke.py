@@ -58,6 +58,7 @@ NEEDS: dict[str, set[str]] = {
     "scale": {"database", "peers"},
     "compare": {"peers"},
     "api_compare": {"peers"},
+    "async_completion": {"peers"},
     "db_drill": {"pg15"},
     "cron_compare": {"cronsim"},
 }
