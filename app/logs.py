@@ -2,7 +2,10 @@
 when stderr is not a terminal) or as readable text (`CRONHOOK_LOG_FORMAT=text`, the default on
 a terminal). Lines logged while serving a request carry its `request_id`.
 
-Call `log_event(logger, "job_dispatched", job_id=...)`. Never pass secrets or payloads.
+Call `log_event(logger, "job_dispatched", job_id=...)`. Never pass secrets or payloads. A
+start-up notice about the whole command (a warning about its settings) goes through
+`log_once_per_command`: the children of `--processes` and `--workers` start up as their parent
+did, and would repeat it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import re
 import sys
 from contextvars import ContextVar
@@ -82,3 +86,18 @@ def configure_logging(level: str, log_format: LogFormat = "auto") -> None:
 
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
     logger.log(level, event, extra=fields)
+
+
+# The events this command has already logged once, comma-separated. Internal (not a setting):
+# each child of `--processes`/`--workers` inherits its parent's environment, and with it this.
+LOGGED_ONCE_ENV = "_CRONHOOK_LOGGED_ONCE"
+
+
+def log_once_per_command(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Logs `event` unless the process that started this one already did: one line per
+    `cronhook up`, not one per process. Call it before any child is spawned."""
+    logged = [name for name in os.environ.get(LOGGED_ONCE_ENV, "").split(",") if name]
+    if event in logged:
+        return
+    log_event(logger, event, level, **fields)
+    os.environ[LOGGED_ONCE_ENV] = ",".join([*logged, event])

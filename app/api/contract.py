@@ -3,19 +3,59 @@ say what the server does.
 
 Every error answer is RFC 9457 problem+json (app/api/errors.py), so each operation declares
 the one `Problem` schema under `application/problem+json` for every error status it can
-return, instead of FastAPI's `HTTPValidationError`. Update (PATCH) models carry no defaults:
-an absent field is left unchanged. `servers` is set, and the webhook request cronhook sends
-is documented under `webhooks`, so receivers can be generated from the same document.
+return, instead of FastAPI's `HTTPValidationError`, and that schema declares every extension
+member a problem can carry. No request model carries a `default`: generators take one as
+"always present" and make the field required. A create model's default is said in the field's
+description instead; an update (PATCH) model has none, since an absent field is left
+unchanged. `servers` is set, and the webhook request cronhook sends is documented under
+`webhooks`, so receivers can be generated from the same document.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from app.api.errors import PROBLEM_JSON
+from app.api.schemas.jobs import RUN_OUTCOMES
+
+# The members some problems add to RFC 9457's (`extra=` of app/api/errors.py's Problem), by name.
+PROBLEM_EXTENSIONS: dict[str, dict[str, Any]] = {
+    "job_id": {
+        "type": "string",
+        "format": "uuid",
+        "description": "`duplicate-job` (409): the unfinished job that holds the dedup_key",
+    },
+    "state": {
+        "$ref": "#/components/schemas/JobState",
+        "description": "A 409 about a job's state (`job-finished`, `job-running`, `job-state`): the state it is in",
+    },
+    "outcome": {
+        "anyOf": [{"type": "string", "enum": RUN_OUTCOMES}, {"type": "null"}],
+        "description": "Completion reports: how the attempt ended, when known (409 `attempt-finished`, "
+        "410 `attempt-fenced`)",
+    },
+    "limit": {
+        "type": "string",
+        "enum": ["max_active_jobs", "max_targets"],
+        "description": "`quota-exceeded` (409): the tenant limit that was reached",
+    },
+    "max_active_jobs": {
+        "type": "integer",
+        "description": "`quota-exceeded` (409, `limit` max_active_jobs): the tenant's limit of unfinished jobs",
+    },
+    "max_targets": {
+        "type": "integer",
+        "description": "`quota-exceeded` (409, `limit` max_targets): the tenant's limit of targets",
+    },
+    "active_jobs": {
+        "type": "integer",
+        "description": "`target-in-use` (409): how many unfinished jobs still use the target",
+    },
+}
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "title": "Problem",
@@ -32,8 +72,9 @@ PROBLEM_SCHEMA: dict[str, Any] = {
             "type": "array",
             "items": {"$ref": "#/components/schemas/ProblemFieldError"},
         },
+        **PROBLEM_EXTENSIONS,
     },
-    # Some problems carry extra members (a 409 names the job's `state`, a duplicate its `job_id`).
+    # Members added later are not a breaking change for clients generated today.
     "additionalProperties": True,
 }
 FIELD_ERROR_SCHEMA: dict[str, Any] = {
@@ -156,8 +197,53 @@ def _strip_defaults(name: str, schema: dict[str, Any]) -> None:
             prop.update(branches[0])
 
 
+def request_models(doc: dict[str, Any]) -> set[str]:
+    """The component schemas a request body can hold, directly or through another one."""
+    schemas = doc["components"]["schemas"]
+    found: set[str] = set()
+    pending = [
+        operation["requestBody"]
+        for path_item in doc["paths"].values()
+        for operation in path_item.values()
+        if "requestBody" in operation
+    ]
+    while pending:
+        for name in _references(pending.pop()):
+            if name not in found and name in schemas:
+                found.add(name)
+                pending.append(schemas[name])
+    return found
+
+
+def _references(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        own = {ref.rsplit("/", 1)[-1]} if isinstance(ref, str) else set()
+        return own.union(*(_references(value) for value in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_references(item) for item in node))
+    return set()
+
+
+def _describe_defaults(schema: dict[str, Any]) -> None:
+    """The server fills an absent field in: said in words, so the field stays optional."""
+    for prop in schema.get("properties", {}).values():
+        if "default" not in prop:
+            continue
+        default = prop.pop("default")
+        if default is None:
+            continue  # absent and null mean the same: nothing to say
+        said = f"Default: {json.dumps(default)}."
+        prop["description"] = f"{prop['description'].rstrip('.')}. {said}" if prop.get("description") else said
+
+
 def _type_payloads(schemas: dict[str, Any]) -> None:
     schemas.pop("JsonValue", None)
+    for schema in schemas.values():
+        for prop in schema.get("properties", {}).values():
+            if prop.get("$ref") == "#/components/schemas/JsonValue":
+                # Any JSON value (a report's `result`): the empty schema says so, without a name.
+                del prop["$ref"]
     for schema in schemas.values():
         prop = schema.get("properties", {}).get("payload")
         if prop is None:
@@ -187,6 +273,8 @@ def contract(app: FastAPI, server_url: str) -> dict[str, Any]:
     for name in UPDATE_MODELS:
         if name in schemas:
             _strip_defaults(name, schemas[name])
+    for name in request_models(doc):
+        _describe_defaults(schemas[name])
     _type_payloads(schemas)
     for path_item in doc["paths"].values():
         for operation in path_item.values():

@@ -21,15 +21,19 @@ from app.store.pagination import InvalidCursor
 logger = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
-_TITLES = {
+# RFC 9110's reason phrases: every status the API answers with has its own (tests/unit/test_contract_types.py).
+TITLES = {
     400: "Bad Request",
     401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     409: "Conflict",
+    410: "Gone",
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
+    429: "Too Many Requests",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -62,7 +66,7 @@ def problem_item(problem: Problem) -> dict[str, Any]:
     the field named at the top level."""
     body: dict[str, Any] = {
         "type": f"urn:cronhook:problem:{problem.slug}" if problem.slug else "about:blank",
-        "title": _TITLES.get(problem.status, "Error"),
+        "title": TITLES.get(problem.status, "Error"),
         "status": problem.status,
         "detail": problem.detail,
     }
@@ -84,7 +88,7 @@ def problem_response(
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": f"urn:cronhook:problem:{slug}" if slug else "about:blank",
-        "title": _TITLES.get(status, "Error"),
+        "title": TITLES.get(status, "Error"),
         "status": status,
         "detail": detail,
         "instance": request.url.path,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ class EmbeddedPostgres:
         # Under pgserver's own inter-process lock, so a process starting next to us cannot
         # have its fresh handle pruned away.
         with PostgresServer._lock:
-            _prune_dead_handles(self.pgdata)
+            others = [pid for pid in _prune_dead_handles(self.pgdata) if pid != os.getpid()]
         found = pgdata_version(self.pgdata)
         wanted = TARGET_POSTGRES_VERSION
         if found is not None and found != wanted:
@@ -59,7 +60,12 @@ class EmbeddedPostgres:
             )
         self._server = get_server(self.pgdata, cleanup_mode="stop")
         uri: str = self._server.get_uri(driver="asyncpg")
-        log_event(logger, "embedded_postgres_started", pgdata=str(self.pgdata))
+        if others:
+            # Another process of ours (the parent of `--processes`, an `api` next to this
+            # `scheduler`) started it and said so: one line per server, not per process.
+            log_event(logger, "embedded_postgres_attached", logging.DEBUG, pgdata=str(self.pgdata))
+        else:
+            log_event(logger, "embedded_postgres_started", pgdata=str(self.pgdata))
         return uri
 
     def stop(self) -> None:
@@ -76,18 +82,19 @@ class EmbeddedPostgres:
             log_event(logger, "embedded_postgres_detached", pgdata=str(self.pgdata))
 
 
-def _prune_dead_handles(pgdata: Path) -> None:
-    """Forget processes that died without detaching (SIGKILL, OOM).
+def _prune_dead_handles(pgdata: Path) -> list[int]:
+    """Forget processes that died without detaching (SIGKILL, OOM); returns those still attached.
 
     Otherwise their ids stay in the handle list and the server is never stopped.
     """
     handles = pgdata / ".handle_pids.json"
     if not handles.exists():
-        return
+        return []
     try:
         pids = json.loads(handles.read_text() or "[]")
     except (OSError, ValueError):
-        return
+        return []
     alive = [pid for pid in pids if psutil.pid_exists(pid)]
     if alive != pids:
         handles.write_text(json.dumps(alive))
+    return alive

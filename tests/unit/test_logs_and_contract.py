@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pty
 from typing import Any
 
+import pytest
+
 from app.api.app import create_app
-from app.logs import REQUEST_ID, JsonFormatter, TextFormatter
+from app.logs import (
+    LOGGED_ONCE_ENV,
+    REQUEST_ID,
+    JsonFormatter,
+    TextFormatter,
+    configure_logging,
+    log_once_per_command,
+)
 from app.settings import Settings
 
 
@@ -32,6 +43,42 @@ def test_json_lines_carry_no_terminal_colours_and_name_the_request() -> None:
 def test_text_lines_read_as_event_then_fields() -> None:
     line = TextFormatter().format(_record("job_delivered", job_id="j1", attempt=2))
     assert line.split(" ", 1)[1] == "INFO    job_delivered job_id=j1 attempt=2"
+
+
+def _formatter_for(stderr_is_a_terminal: bool, log_format: Any = "auto") -> logging.Formatter | None:
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    reader, writer = pty.openpty() if stderr_is_a_terminal else os.pipe()
+    try:
+        with os.fdopen(writer, "w") as stderr, pytest.MonkeyPatch.context() as patch:
+            patch.setattr("sys.stderr", stderr)
+            configure_logging("INFO", log_format)
+            return root.handlers[0].formatter
+    finally:
+        root.handlers[:], root.level = saved
+        os.close(reader)
+
+
+def test_auto_log_format_is_text_on_a_terminal_and_json_otherwise() -> None:
+    assert isinstance(_formatter_for(stderr_is_a_terminal=True), TextFormatter)
+    assert isinstance(_formatter_for(stderr_is_a_terminal=False), JsonFormatter)
+    # CRONHOOK_LOG_FORMAT wins either way.
+    assert isinstance(_formatter_for(stderr_is_a_terminal=True, log_format="json"), JsonFormatter)
+    assert isinstance(_formatter_for(stderr_is_a_terminal=False, log_format="text"), TextFormatter)
+
+
+def test_a_start_up_notice_is_logged_once_per_command(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(LOGGED_ONCE_ENV, "")
+    logger = logging.getLogger("app.cli")
+    with caplog.at_level(logging.INFO):
+        log_once_per_command(logger, "egress_internal_allowed", logging.WARNING, allowed="127.0.0.1/32")
+        log_once_per_command(logger, "egress_internal_allowed", logging.WARNING, allowed="127.0.0.1/32")
+        log_once_per_command(logger, "another_notice")
+    assert [r.getMessage() for r in caplog.records] == ["egress_internal_allowed", "another_notice"]
+    # A child of `--processes` starts with its parent's environment: it stays quiet.
+    assert os.environ[LOGGED_ONCE_ENV] == "egress_internal_allowed,another_notice"
 
 
 def _contract() -> dict[str, Any]:
