@@ -24,7 +24,7 @@ from app.health_check import add_arguments as add_health_arguments
 from app.health_check import check as check_health
 from app.health_check import default_url as default_health_url
 from app.keyring import KeyRingError
-from app.logs import configure_logging, log_event
+from app.logs import configure_logging, log_event, log_once_per_command
 from app.processes import LISTEN_FD_ENV, ChildSpec, Supervisor, attach_to_parent, child_env
 from app.runtime import DatabaseUnusable, Runtime, check_database, run_role
 from app.services.probes import PortInUse, ensure_port_free, start_probe_server
@@ -111,7 +111,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_security_commands(sub)
 
-    health = sub.add_parser("health", help="exit 0 when the local API or role (CRONHOOK_METRICS_PORT) answers /healthz")
+    health = sub.add_parser(
+        "health",
+        help="exit 0 when the server (--server, CRONHOOK_URL, else the local API or role) answers /healthz",
+    )
     add_health_arguments(health)
     health.set_defaults(func=_cmd_health)
     add_client_commands(sub)
@@ -139,10 +142,11 @@ def _processes_arg(cmd: argparse.ArgumentParser) -> None:
 
 
 def _warn_if_egress_opened(settings: Settings) -> None:
-    """Deliveries (scheduler) and target URLs (API) may reach internal addresses: say so loudly."""
+    """Deliveries (scheduler) and target URLs (API) may reach internal addresses: say so loudly,
+    once per command (its children, spawned after this, stay quiet)."""
     policy = settings.egress_policy
     if not policy.is_default:
-        log_event(
+        log_once_per_command(
             logger,
             "egress_internal_allowed",
             logging.WARNING,

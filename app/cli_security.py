@@ -1,5 +1,9 @@
 """`cronhook api-key`, `cronhook secrets` and `cronhook tenant`: key lifecycle, secrets at
-rest and per-tenant quotas from the command line (the admin API offers the same)."""
+rest and per-tenant quotas from the command line (the admin API offers the same).
+
+`api-key` verbs go through the admin API of the server named by `--server` or CRONHOOK_URL
+(with CRONHOOK_ADMIN_API_KEY), so the key is the real server's; with no server named they
+act on the database, and only on one that exists: they never start a fresh embedded one."""
 
 from __future__ import annotations
 
@@ -8,11 +12,15 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from app.api.quotas import default_limits
+from app.client.http import ApiClient, ApiError
 from app.domain.quotas import FLOAT_LIMITS, LIMIT_FIELDS
 from app.keyring import new_key_entry
 from app.logs import log_event
@@ -24,6 +32,8 @@ from app.store.target_secrets import target_secrets_reseal
 from app.store.tenants import api_key_create_row, api_key_list, api_key_revoke, tenant_ensure, tenant_get_id
 
 logger = logging.getLogger("app.cli")
+
+ADMIN_KEY_VARIABLE = "CRONHOOK_ADMIN_API_KEY"
 
 
 def add_security_commands(sub: Any) -> None:
@@ -38,6 +48,12 @@ def add_security_commands(sub: Any) -> None:
     revoke = keys.add_parser("revoke", help="revoke a key by id, at once on every replica")
     revoke.add_argument("key_id", type=uuid.UUID)
     revoke.set_defaults(func=_cmd_api_key_revoke)
+    for verb in (create, listing, revoke):
+        verb.add_argument(
+            "--server",
+            help=f"the server's URL (CRONHOOK_URL): through its admin API, with {ADMIN_KEY_VARIABLE}. "
+            "Without one: the database (CRONHOOK_DATABASE_URL, or an existing CRONHOOK_DATA_DIR)",
+        )
 
     secrets_cmd = sub.add_parser("secrets", help="secrets at rest").add_subparsers(dest="action", required=True)
     secrets_cmd.add_parser(
@@ -55,7 +71,61 @@ def add_security_commands(sub: Any) -> None:
     limits.set_defaults(func=_cmd_tenant_limits)
 
 
+def _named_server(args: argparse.Namespace) -> str | None:
+    server: str | None = args.server or os.environ.get("CRONHOOK_URL") or None
+    return server
+
+
+def _through_admin_api(settings: Settings, server: str, request: Callable[[ApiClient], None]) -> None:
+    """Runs `request` against the server's admin API; a refusal or silence is one line naming
+    the server, and exit status 1 (refused), 2 (no admin key) or 3 (unreachable)."""
+    if settings.admin_api_key is None:
+        print(  # noqa: T201
+            f"cronhook: api-key verbs against {server} go through its admin API: set {ADMIN_KEY_VARIABLE} "
+            "(or its _FILE form) to that server's admin key",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    # One line per problem on stderr, not httpx's log of each request.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        key = settings.admin_api_key.get_secret_value()
+        with ApiClient(server, key, key_variable=ADMIN_KEY_VARIABLE, key_source=ADMIN_KEY_VARIABLE) as api:
+            request(api)
+    except ApiError as exc:
+        print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
+        raise SystemExit(exc.exit_code) from None
+
+
+def _ensure_database_exists(settings: Settings) -> None:
+    """With no CRONHOOK_DATABASE_URL the embedded server's data directory must be there
+    already: a key written to a database started just now would open nothing."""
+    if settings.database_url is not None:
+        return
+    pgdata = (settings.data_dir / "pg").resolve()
+    if (pgdata / "PG_VERSION").is_file():
+        return
+    print(  # noqa: T201
+        f"cronhook: no cronhook database at {pgdata} (CRONHOOK_DATA_DIR={settings.data_dir}), and api-key verbs "
+        "never create one. Name the running server: CRONHOOK_URL (or --server) with CRONHOOK_ADMIN_API_KEY; "
+        "or its database: CRONHOOK_DATABASE_URL, or CRONHOOK_DATA_DIR where it keeps its data",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
+
+
 def _cmd_api_key_create(settings: Settings, args: argparse.Namespace) -> None:
+    if (server := _named_server(args)) is not None:
+
+        def create(api: ApiClient) -> None:
+            path = f"/v1/admin/tenants/{quote(args.tenant, safe='')}/api-keys"
+            created = api.call("POST", path, json={"name": args.name})
+            print(created["key"])  # noqa: T201
+
+        _through_admin_api(settings, server, create)
+        return
+    _ensure_database_exists(settings)
+
     async def body(runtime: Runtime, stop: asyncio.Event) -> None:
         async with runtime.engine.begin() as conn:
             tenant_id = await tenant_ensure(conn, args.tenant)
@@ -74,6 +144,16 @@ def _key_json(row: Any) -> str:
 
 
 def _cmd_api_key_list(settings: Settings, args: argparse.Namespace) -> None:
+    if (server := _named_server(args)) is not None:
+
+        def listing(api: ApiClient) -> None:
+            for key in api.call("GET", "/v1/admin/api-keys", params={"tenant": args.tenant}):
+                print(json.dumps(key))  # noqa: T201
+
+        _through_admin_api(settings, server, listing)
+        return
+    _ensure_database_exists(settings)
+
     async def body(runtime: Runtime, stop: asyncio.Event) -> None:
         async with runtime.engine.begin() as conn:
             tenant_id = None
@@ -86,6 +166,15 @@ def _cmd_api_key_list(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _cmd_api_key_revoke(settings: Settings, args: argparse.Namespace) -> None:
+    if (server := _named_server(args)) is not None:
+
+        def revoke(api: ApiClient) -> None:
+            print(json.dumps(api.call("POST", f"/v1/admin/api-keys/{args.key_id}/revoke")))  # noqa: T201
+
+        _through_admin_api(settings, server, revoke)
+        return
+    _ensure_database_exists(settings)
+
     async def body(runtime: Runtime, stop: asyncio.Event) -> None:
         async with runtime.engine.begin() as conn:
             row = await api_key_revoke(conn, args.key_id)

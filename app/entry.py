@@ -1,4 +1,4 @@
-"""The `cronhook` executable. Client verbs (jobs, targets, dead-letters, schedules) import
+"""The `cronhook` executable. Client verbs (jobs, targets, dead-letters, audit, schedules) import
 only the small HTTP client, and `health` only the standard library, so they start in a
 fraction of the time the service roles need."""
 
@@ -13,7 +13,7 @@ import tempfile
 import warnings
 from types import FrameType
 
-CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "schedules"})
+CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "audit", "schedules"})
 # Roles that may run several processes (`--processes`, `--workers`) behind one /metrics.
 SERVICE_ROLES = frozenset({"up", "api", "scheduler"})
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

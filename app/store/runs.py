@@ -20,24 +20,31 @@ async def run_insert_many(conn: AsyncConnection, rows: list[dict[str, Any]]) -> 
 
 
 async def run_list_for_job(
-    conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID, limit: int, after_id: int | None
+    conn: AsyncConnection,
+    tenant_id: uuid.UUID,
+    job_id: uuid.UUID,
+    limit: int,
+    cursor_id: int | None,
+    *,
+    newest_first: bool = False,
 ) -> list[RowMapping] | None:
-    """Oldest first. None when the job does not exist for this tenant."""
+    """Oldest first (newest first with `newest_first`), from the run after `cursor_id` in that
+    order. None when the job does not exist for this tenant."""
     owner = await conn.scalar(select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id))
     if owner is None:
         return None
     # A job's runs include its children's: the occurrences it handed off or that were triggered.
     children = select(jobs.c.id).where(jobs.c.parent_job_id == job_id, jobs.c.tenant_id == tenant_id)
     stmt = select(runs).where(or_(runs.c.job_id == job_id, runs.c.job_id.in_(children)))
-    if after_id is not None:
-        stmt = stmt.where(runs.c.id > after_id)
-    stmt = stmt.order_by(runs.c.id).limit(limit)
+    if cursor_id is not None:
+        stmt = stmt.where(runs.c.id < cursor_id if newest_first else runs.c.id > cursor_id)
+    stmt = stmt.order_by(runs.c.id.desc() if newest_first else runs.c.id).limit(limit)
     return list((await conn.execute(stmt)).mappings().all())
 
 
 async def job_open_attempts(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> list[RowMapping]:
     """The open async attempts among the job and its children (rows of jobs): shown as runs
-    after its finished ones, since they have no run row until they end."""
+    next to its newest ones (they have no run row until they end)."""
     children = select(jobs.c.id).where(jobs.c.parent_job_id == job_id, jobs.c.tenant_id == tenant_id)
     stmt = (
         select(jobs)

@@ -1,7 +1,8 @@
 """The `cronhook` command's roles as a user runs them: migrate, api, openapi, several processes
 migrating one empty database at once (AUTO_MIGRATE, serialised by an advisory lock), several
-processes sharing one embedded PostgreSQL that stops when the last one exits, and the
-CRONHOOK_CONCURRENCY cap on one scheduler's deliveries in flight."""
+processes sharing one embedded PostgreSQL that stops when the last one exits, the
+CRONHOOK_CONCURRENCY cap on one scheduler's deliveries in flight, and `api-key` verbs that
+refuse to start a database of their own."""
 
 from __future__ import annotations
 
@@ -192,3 +193,14 @@ async def test_concurrency_caps_one_schedulers_deliveries_in_flight(
     # Three at a time: the cap was reached and never passed.
     assert receiver.max_in_flight["/hook"] == 3
     assert len({r.headers["cronhook-job-id"] for r in receiver.requests}) == 12
+
+
+@pytest.mark.parametrize("verb", [["create", "--tenant", "acme"], ["list"]])
+def test_api_key_verbs_never_create_a_database_they_did_not_find(verb: list[str], tmp_path: Path) -> None:
+    # From an empty directory, no server named, no CRONHOOK_DATABASE_URL: not a fresh embedded
+    # server with a key no real server knows, but one line saying where to point.
+    result = subprocess.run([CRONHOOK, "api-key", *verb], env=base_env(), cwd=tmp_path, capture_output=True, timeout=60)
+    err = result.stderr.decode()
+    assert result.returncode == 2 and result.stdout == b"", err
+    assert str(tmp_path / ".cronhook" / "pg") in err and "CRONHOOK_URL" in err
+    assert list(tmp_path.iterdir()) == []

@@ -61,23 +61,24 @@ async def test_the_client_verbs_drive_a_live_server(receiver: Receiver, db_url: 
 
         await wait_for(child_succeeded, timeout=10, interval=0.2, message="trigger recorded")
         runs = await cli_json(server, "jobs", "runs", triggered["id"])
-        assert [(r["attempt"], r["outcome"], r["status_code"]) for r in runs] == [(1, "success", 200)]
+        assert [(r["attempt"], r["outcome"], r["status_code"]) for r in runs["items"]] == [(1, "success", 200)]
+        assert runs["next_cursor"] is None
 
         detail, _ = await cli(server, "jobs", "get", cron["id"])
         assert "cron 0 9 * * 1 Europe/Paris" in detail and "weekly" in detail
         listed = await cli_json(server, "jobs", "list", "--state", "scheduled")
-        assert [j["id"] for j in listed] == [cron["id"]]
+        assert [j["id"] for j in listed["items"]] == [cron["id"]] and listed["next_cursor"] is None
         cancelled = await cli_json(server, "jobs", "cancel", cron["id"])
         assert cancelled["state"] == "cancelled"
         _, err = await cli(server, "jobs", "cancel", cron["id"], expect=1)
-        assert err.strip() == "cronhook: 409 Conflict: job is already cancelled"
+        assert err.strip() == f"cronhook: {server.url} answered 409 Conflict: job is already cancelled"
 
         # A dead letter, listed and replayed one by one and in bulk.
         receiver.default = Reply(status=410)
         doomed = await cli_json(server, "jobs", "create", "--target", target["id"], "--max-attempts", "1")
 
         async def dead_letters() -> list[Any]:
-            found: list[Any] = await cli_json(server, "dead-letters", "list", "--job", doomed["id"])
+            found: list[Any] = (await cli_json(server, "dead-letters", "list", "--job", doomed["id"]))["items"]
             return found
 
         await wait_for(dead_letters, timeout=20, interval=0.3, message="a dead letter")
@@ -91,13 +92,14 @@ async def test_the_client_verbs_drive_a_live_server(receiver: Receiver, db_url: 
         assert [f["at"][5:10] for f in preview["fire_times"]] == ["02-29", "02-29"]
 
         _, err = await cli(server, "jobs", "create", "--target", target["id"], "--cron", "61 * * * *", expect=1)
-        assert err.startswith("cronhook: 422 Unprocessable Content: ")
+        assert err.startswith(f"cronhook: {server.url} answered 422 Unprocessable Content: ")
         env_without_key = base_env(CRONHOOK_URL=server.url)
         proc = await asyncio.create_subprocess_exec(
             CRONHOOK, "jobs", "list", env=env_without_key, stderr=asyncio.subprocess.PIPE
         )
         _, err_bytes = await proc.communicate()
-        assert proc.returncode == 1 and b"401" in err_bytes and b"CRONHOOK_API_KEY" in err_bytes
+        assert proc.returncode == 1 and f"{server.url} answered 401".encode() in err_bytes
+        assert b"no API key given: set CRONHOOK_API_KEY" in err_bytes
 
 
 def _field(detail: str, name: str) -> str:
@@ -158,7 +160,7 @@ async def test_async_completion_in_the_client_verbs(receiver: Receiver, db_url: 
         # The result, abbreviated in the table; whole with --json.
         shown = json.dumps({"rows": rows}, separators=(",", ":"))[: RESULT_CHARS - 3] + "..."
         assert f"success  result {shown}  202" in row
-        (run,) = await cli_json(server, "jobs", "runs", job_id)
+        (run,) = (await cli_json(server, "jobs", "runs", job_id))["items"]
         assert (run["outcome"], run["result"]) == ("success", {"rows": rows})
 
 

@@ -49,7 +49,9 @@ async def job_state(client: httpx.AsyncClient, auth: dict[str, str], job_id: str
 
 
 async def get_runs(client: httpx.AsyncClient, auth: dict[str, str], job_id: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = (await client.get(f"/v1/jobs/{job_id}/runs", headers=auth)).json()["items"]
+    """Oldest first, in the order they happened (the API lists newest first by default)."""
+    response = await client.get(f"/v1/jobs/{job_id}/runs", headers=auth, params={"order": "asc"})
+    items: list[dict[str, Any]] = response.json()["items"]
     return items
 
 

@@ -153,7 +153,7 @@ async def test_sigkill_mid_delivery_then_the_reaper_returns_the_job_and_it_is_de
     first, second = receiver.requests[0], receiver.requests[-1]
     assert second.headers["cronhook-attempt"] == "2"
     assert second.headers["webhook-id"] == first.headers["webhook-id"]  # receivers can dedupe
-    runs = (await client.get(f"/v1/jobs/{job['id']}/runs", headers=auth)).json()["items"]
+    runs = (await client.get(f"/v1/jobs/{job['id']}/runs", headers=auth, params={"order": "asc"})).json()["items"]
     assert [(r["outcome"], r["attempt"]) for r in runs] == [("lease_expired", 1), ("success", 2)]
     # Not before the dead replica's lease ran out (both times on the database's clock).
     assert dt.datetime.fromisoformat(runs[1]["started_at"]) >= row["lease_expires_at"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -148,6 +148,16 @@ async def cancel_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobP
     )
 
 
+RunOrder = Annotated[
+    Literal["desc", "asc"],
+    Query(
+        description="`desc` (default): newest first, open async attempts (`awaiting_completion`) at the start of "
+        "the first page; `asc`: oldest first, open attempts at the end of the last page. `next_cursor` pages on "
+        "in the same order"
+    ),
+]
+
+
 @router.get("/{job_id}/runs", operation_id="listJobRuns")
 async def list_runs(
     job_id: uuid.UUID,
@@ -155,13 +165,19 @@ async def list_runs(
     conn: Conn,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: str | None = None,
+    order: RunOrder = "desc",
 ) -> Page[RunPublic]:
-    after = decode_int_cursor(cursor) if cursor else None
-    rows = await run_list_for_job(conn, tenant_id, job_id, limit + 1, after)
+    """A job's attempts, its children's included (occurrences handed off or triggered)."""
+    newest_first = order == "desc"
+    cursor_id = decode_int_cursor(cursor) if cursor else None
+    rows = await run_list_for_job(conn, tenant_id, job_id, limit + 1, cursor_id, newest_first=newest_first)
     if rows is None:
         raise Problem(404, JOB_NOT_FOUND, slug="not-found")
     page = page_of(rows, limit, lambda row: RunPublic.model_validate(dict(row)), lambda row: encode_cursor(row["id"]))
-    if page.next_cursor is None:
-        # Open async attempts have no run row yet: the last page ends with them (id 0).
+    # Open async attempts have no run row yet (id 0), and are the newest attempts: the start of
+    # the first page newest first, the end of the last page oldest first.
+    if newest_first and cursor is None:
+        page.items[:0] = [open_run(row) for row in reversed(await job_open_attempts(conn, tenant_id, job_id))]
+    elif not newest_first and page.next_cursor is None:
         page.items.extend(open_run(row) for row in await job_open_attempts(conn, tenant_id, job_id))
     return page
