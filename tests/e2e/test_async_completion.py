@@ -468,6 +468,7 @@ REAPER_EVERY_S = 1.0
 
 
 # Slow by design: two minutes of heartbeats (the default limit leaves too little room for it).
+@pytest.mark.long
 @pytest.mark.timeout(LONG_RUN_S + 120)
 async def test_heartbeats_keep_a_two_minute_run_alive_far_past_its_heartbeat_timeout(
     client: httpx.AsyncClient, auth: dict[str, str], rig: Rig, engine: AsyncEngine
