@@ -52,7 +52,6 @@ import json
 import os
 import resource
 import secrets
-import signal
 import sys
 import time
 import uuid
@@ -84,6 +83,7 @@ from harness import (
     wait_partitions_owned,
 )
 from profiles import brief, profiled
+from receiver import listening
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -168,19 +168,11 @@ async def _serve_receiver(parent: int) -> dict[str, Any] | None:
     acceptor = _Acceptor()
     app = web.Application()
     app.add_routes([web.get(CONTROL + "/{what}", acceptor.control), web.route("*", "/{tail:.*}", acceptor.hook)])
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
-    await site.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    print(json.dumps({"port": runner.addresses[0][1]}), flush=True)
-    while not stop.is_set() and os.getppid() == parent:  # never outlive the bench
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.5)
-    await runner.cleanup()
+    async with listening(app) as (runner, stop):
+        print(json.dumps({"port": runner.addresses[0][1]}), flush=True)
+        while not stop.is_set() and os.getppid() == parent:  # never outlive the bench
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
     return None
 
 

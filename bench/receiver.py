@@ -34,7 +34,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -242,10 +242,10 @@ class _Server:
         )
 
 
-async def _serve(log: Path, routes: dict[str, Reply], seed: int, parent: int) -> None:
-    server = _Server(log, routes, seed)
-    app = web.Application(client_max_size=64 * 2**20)
-    app.add_routes([web.get(CONTROL + "/{what}", server.control), web.route("*", "/{tail:.*}", server.hook)])
+@contextlib.asynccontextmanager
+async def listening(app: web.Application) -> AsyncIterator[tuple[web.AppRunner, asyncio.Event]]:
+    """`app` served on 127.0.0.1 (a free port: the runner's address), with an event that
+    SIGTERM or SIGINT sets; the server is cleaned up (held requests cut off) on the way out."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     # A deep accept queue: every scheduler opens up to `concurrency` connections at once.
@@ -255,16 +255,27 @@ async def _serve(log: Path, routes: dict[str, Reply], seed: int, parent: int) ->
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    print(json.dumps({"port": runner.addresses[0][1], "pid": os.getpid()}), flush=True)
-    while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), FLUSH_EVERY_S)
-        except TimeoutError:
-            pass
-        server.flush()
-        if os.getppid() != parent:
-            break  # the bench has gone: do not outlive it
-    await runner.cleanup()  # held requests are cut off (and written) here
+    try:
+        yield runner, stop
+    finally:
+        await runner.cleanup()
+
+
+async def _serve(log: Path, routes: dict[str, Reply], seed: int, parent: int) -> None:
+    server = _Server(log, routes, seed)
+    app = web.Application(client_max_size=64 * 2**20)
+    app.add_routes([web.get(CONTROL + "/{what}", server.control), web.route("*", "/{tail:.*}", server.hook)])
+    async with listening(app) as (runner, stop):
+        print(json.dumps({"port": runner.addresses[0][1], "pid": os.getpid()}), flush=True)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), FLUSH_EVERY_S)
+            except TimeoutError:
+                pass
+            server.flush()
+            if os.getppid() != parent:
+                break  # the bench has gone: do not outlive it
+    # Held requests were cut off (and written) by the clean-up.
     server.flush()
     server.log.close()
 
