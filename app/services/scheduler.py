@@ -1,4 +1,6 @@
-"""The scheduler: claims due jobs under a lease, delivers them, records each outcome.
+"""The scheduler: claims due jobs under a lease and runs their deliveries within its slots
+and the tenants' and targets' shares; each claimed job's attempt and its record are
+app/services/attempts.py.
 
 Each replica claims only from the partitions it owns (app/services/ownership.py), fenced in
 the claim statement by owner and epoch; SKIP LOCKED keeps claims disjoint even while
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime as dt
 import logging
 import random
 import time
@@ -18,32 +19,20 @@ import uuid
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app import metrics
 from app.db.errors import is_transient_db_error
 from app.db.watch import DB_WATCH
-from app.domain.completion import completion_url, mint_token
 from app.domain.fair_share import SlotShares, tenant_share_of
-from app.domain.job import ClaimedJob, FinishedAttempt, OpenedAttempt
-from app.domain.lifecycle import after_attempt
-from app.domain.occurrences import next_after_run, plan_due
-from app.domain.states import JobState
+from app.domain.job import ClaimedJob
 from app.keyring import KeyRing
 from app.logs import log_event
+from app.services.attempts import AttemptRunner
 from app.services.claim_answers import ClaimAnswers
-from app.services.delivery_logs import log_lease_fenced, log_outcome
-from app.services.dispatcher import Dispatcher, PostNotStarted
 from app.services.due_listener import DueListener
 from app.services.loop import jittered, run_forever
 from app.services.ownership import PartitionOwnership
-from app.services.recorder import OutcomeRecorder
 from app.services.scheduler_config import SchedulerConfig
 from app.services.wake_plan import WakePlan
 from app.store.claims import job_claim_batch
-from app.store.lease_writes import (
-    job_hand_off_occurrence,
-    job_release_claim,
-    job_settle_due_plan,
-)
 from app.store.rescues import replica_session_name
 
 logger = logging.getLogger(__name__)
@@ -78,11 +67,11 @@ class Scheduler:
         self._key_ring = key_ring
         # The one random source: retry backoff and the loop's jitter.
         self._rng = rng or random.Random()
-        self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s, config.egress)
-        self._recorder = OutcomeRecorder(engine)
         self.ownership = PartitionOwnership(
             engine, config.replica_id, config.partition_lease_s, config.partition_renew_s
         )
+        # What happens to each claimed job between its claim and its outcome's record.
+        self.attempts = AttemptRunner(engine, config, key_ring, self.ownership, self._rng)
         # Deliveries in flight, with the lease token each holds.
         self._tasks: dict[asyncio.Task[None], uuid.UUID] = {}
         self.claim_answers = ClaimAnswers(engine, config.replica_id, config.lease_s)
@@ -102,7 +91,7 @@ class Scheduler:
 
     async def start(self) -> None:
         if not self._started:
-            await self._dispatcher.start()
+            await self.attempts.start()
             self._started = True
 
     async def close(self, grace_s: float | None = None) -> None:
@@ -117,8 +106,7 @@ class Scheduler:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
-        await self._recorder.drain()
-        await self._dispatcher.close()
+        await self.attempts.close()
         self._started = False
         try:
             await self.ownership.release_all()
@@ -270,157 +258,15 @@ class Scheduler:
 
     async def _deliver(self, job: ClaimedJob, epoch: int, claimed_mono: float) -> None:
         try:
-            finished = await self._attempt(job, epoch, claimed_mono)
+            finished = await self.attempts.run(job, epoch, claimed_mono)
         finally:
             # The tenant's and target's shares free once the POST is answered (or never made).
             if self.shares.give_back(job.tenant_id, _default_capped(job)):
                 self.wake.set()
-        if finished is None:
-            return
-        if isinstance(finished, OpenedAttempt):
-            await self._record_opened(finished, claimed_mono)
-            return
-        job, result, step = finished.job, finished.result, finished.step
-        applied = await self._recorder.record(finished, claimed_mono + self.config.lease_s)
-        metrics.delivery_recorded(
-            job, result, retrying=step.state == JobState.RETRYING, dead_letter=step.dead_letter, fenced=not applied
-        )
-        if not applied:
-            log_lease_fenced(job, result.outcome)
-            return
-        if step.schedule_ended:
-            log_event(logger, "schedule_ended", job_id=str(job.id), state=step.state.value, reason=step.ended_reason)
-        log_outcome(job, result, step.state.value, step.dead_letter)
-
-    async def _record_opened(self, opened: OpenedAttempt, claimed_mono: float) -> None:
-        """A 202 of an async delivery: the attempt stays open, its slot is free already."""
-        applied = await self._recorder.record(opened, claimed_mono + self.config.lease_s)
-        metrics.async_attempt_opened(opened.job, opened.result, fenced=not applied)
-        if not applied:
-            # Reported on before the 202 was recorded (or fenced): nothing to keep open.
-            log_event(logger, "async_open_superseded", job_id=str(opened.job.id), attempt=opened.job.attempt)
-            return
-        log_event(
-            logger,
-            "async_attempt_opened",
-            job_id=str(opened.job.id),
-            attempt=opened.job.attempt,
-            async_timeout_s=opened.job.completion.async_timeout_s,
-        )
-
-    async def _attempt(
-        self, job: ClaimedJob, epoch: int, claimed_mono: float
-    ) -> FinishedAttempt | OpenedAttempt | None:
-        """The POST (after the misfire and hand-off steps of a recurring job) and the step it
-        leads to (or, for an async delivery answered 202, the attempt left open); None when
-        nothing was sent (untrusted lease, nothing due, lease lost)."""
-        partition = job.partition
-        if not await self._still_trusted(job, partition, epoch, claimed_mono):
-            return None
-        if job.recurrence is not None and job.attempt == 1:
-            settled = await self._settle_misfire(job, claimed_mono)
-            if settled is None:
-                return None
-            job = settled
-            if job.recurrence is not None and job.recurrence.hands_off_occurrences:
-                child = await self._hand_off(job, claimed_mono)
-                if child is None:
-                    return None
-                job = child
-            # Those steps took time of their own: check again before the POST.
-            if not await self._still_trusted(job, partition, epoch, claimed_mono):
-                return None
-        token = None
-        if job.completion.is_async:
-            token = mint_token(self._key_ring.mac_keys[0], job.id, job.lease_token)
-        try:
-            result = await self._dispatcher.deliver(
-                job,
-                _db_clock(job, claimed_mono),
-                lambda: self._trust_holds(partition, epoch, claimed_mono),
-                None if token is None else completion_url(self.config.completion_base_url, token),
-            )
-        except PostNotStarted:
-            await self._release_untrusted(job)
-            return None
-        if token is not None and result.status_code == 202:
-            return OpenedAttempt(job, result, token.digest)
-        step = after_attempt(
-            job.attempt_context(),
-            result.succeeded,
-            _db_clock(job, claimed_mono),
-            self._rng,
-            retryable=result.retryable,
-            retry_after_s=result.retry_after_s,
-        )
-        return FinishedAttempt(job, result, step)
-
-    async def _still_trusted(self, job: ClaimedJob, partition: int, epoch: int, claimed_mono: float) -> bool:
-        """Trust the lease only while it can still outlive the POST, and only while this replica
-        still owns the partition it claimed from under the same epoch: after a stall (event loop
-        starved, process paused) the reaper or a new owner may already have the job."""
-        if self._trust_holds(partition, epoch, claimed_mono):
-            return True
-        await self._release_untrusted(job)
-        return False
-
-    def _trust_holds(self, partition: int, epoch: int, claimed_mono: float) -> bool:
-        return time.monotonic() <= claimed_mono + self.config.post_start_window_s and self.ownership.still_holds(
-            partition, epoch
-        )
-
-    async def _release_untrusted(self, job: ClaimedJob) -> None:
-        # No POST was made: hand the job back without counting the attempt.
-        async with self._engine.begin() as conn:
-            released = await job_release_claim(conn, job)
-        log_event(logger, "lease_untrusted_released", logging.WARNING, job_id=str(job.id), released=released)
-
-    async def _hand_off(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
-        """overlap_policy allow: the occurrence goes to a child job and the parent moves on to
-        its next fire time now, so a slow delivery never holds the next one back."""
-        assert job.recurrence is not None
-        now = _db_clock(job, claimed_mono)
-        following = next_after_run(
-            job.recurrence, job.scheduled_for, now, job.occurrences_run + 1, claimed_at=job.occurrence_claimed_at
-        )
-        next_at, ended = following.next_at, following.ended
-        async with self._engine.begin() as conn:
-            child = await job_hand_off_occurrence(conn, job, next_at, ended)
-        if child is None:
-            log_lease_fenced(job, None)
-        elif ended is not None:
-            log_event(logger, "schedule_ended", job_id=str(job.id), state="succeeded", reason=ended)
-        return child
-
-    async def _settle_misfire(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
-        """Applies the job's misfire policy to a late occurrence; returns the job to deliver
-        (possibly for another fire time), or None when nothing is to be delivered now."""
-        assert job.recurrence is not None
-        plan = plan_due(job.recurrence, job.scheduled_for, job.occurrences_run, _db_clock(job, claimed_mono))
-        if plan.deliver_at == job.scheduled_for:
-            return job
-        async with self._engine.begin() as conn:
-            applied = await job_settle_due_plan(conn, job, plan.missed, plan.deliver_at, plan.next_at, plan.ended)
-        log_event(
-            logger,
-            "occurrences_missed" if plan.missed.total else "schedule_ended",
-            job_id=str(job.id),
-            missed=plan.missed.total,
-            deliver_at=plan.deliver_at,
-            next_at=plan.next_at,
-            ended=plan.ended,
-            applied=applied,
-        )
-        if not applied or plan.deliver_at is None:
-            return None
-        return dataclasses.replace(job, scheduled_for=plan.deliver_at)
+        if finished is not None:
+            await self.attempts.record(finished, claimed_mono)
 
 
 def _default_capped(job: ClaimedJob) -> uuid.UUID | None:
     """The job's target, when the scheduler's default in-flight cap applies to it."""
     return job.target_id if job.target_max_in_flight is None else None
-
-
-def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:
-    """Now on the database's clock: its time at the claim plus local monotonic time since."""
-    return job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
