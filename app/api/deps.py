@@ -112,7 +112,8 @@ async def get_key_ring(request: Request) -> KeyRing:
 KeyRingDep = Annotated[KeyRing, Depends(get_key_ring)]
 
 
-def _too_many(detail: str, wait_s: float, slug: str) -> Problem:
+def too_many(detail: str, wait_s: float, slug: str) -> Problem:
+    """A 429 with Retry-After in whole seconds (at least 1)."""
     return Problem(429, detail, slug=slug, headers={"Retry-After": str(max(1, math.ceil(wait_s)))})
 
 
@@ -137,7 +138,7 @@ async def admit_request(request: Request, quotas: QuotasDep, credentials: Creden
             headers=_UNAUTHORIZED,
         )
     if (wait_s := quotas.auth_wait(client_address(request.scope))) is not None:
-        raise _too_many("too many failed authentications from this address", wait_s, "auth-throttled")
+        raise too_many("too many failed authentications from this address", wait_s, "auth-throttled")
     key = credentials.credentials
     await admit_key(quotas, key)
     return key
@@ -147,7 +148,7 @@ async def admit_key(quotas: Quotas, key: str) -> None:
     """429 unless the key's tenant may send another request (a key that cannot be one passes:
     authentication refuses it next)."""
     if plausible_api_key(key) and (wait_s := await quotas.admit(key)) is not None:
-        raise _too_many("request rate limit exceeded for this tenant", wait_s, "rate-limited")
+        raise too_many("request rate limit exceeded for this tenant", wait_s, "rate-limited")
 
 
 AdmittedKey = Annotated[str, Depends(admit_request)]

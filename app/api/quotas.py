@@ -61,6 +61,40 @@ class _Bounded(OrderedDict[K, V]):
             self.popitem(last=False)
 
 
+class _PerMinute:
+    """A token bucket per key (an address, a token): `capacity` a minute, refilled
+    continuously, kept by this replica for its MAX_TRACKED most recent keys."""
+
+    def __init__(self, capacity: float) -> None:
+        self.capacity = capacity
+        self._buckets: _Bounded[str, tuple[float, float]] = _Bounded()
+
+    def _tokens(self, key: str, now: float) -> float:
+        tokens, at = self._buckets.get(key, (self.capacity, now))
+        return min(self.capacity, tokens + (now - at) * self.capacity / 60)
+
+    def _wait_s(self, tokens: float) -> float | None:
+        return None if tokens >= 1 else (1 - tokens) * 60 / self.capacity
+
+    def wait_s(self, key: str) -> float | None:
+        """Seconds until the key has a token; None when it has one now (none taken)."""
+        return self._wait_s(self._tokens(key, time.monotonic()))
+
+    def take(self, key: str) -> None:
+        """Takes a token, into debt if need be (a failure already made)."""
+        now = time.monotonic()
+        self._buckets.put(key, (self._tokens(key, now) - 1, now))
+
+    def take_if_any(self, key: str) -> float | None:
+        """Takes a token if the key has one (None); else the seconds until it will."""
+        now = time.monotonic()
+        tokens = self._tokens(key, now)
+        if tokens < 1:
+            return self._wait_s(tokens)
+        self._buckets.put(key, (tokens - 1, now))
+        return None
+
+
 class Quotas:
     def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
         self._engine = engine
@@ -70,10 +104,8 @@ class Quotas:
         self._refills: dict[str, asyncio.Lock] = {}
         self._limits: _Bounded[uuid.UUID, tuple[float, TenantLimits]] = _Bounded()
         self._active: _Bounded[uuid.UUID, tuple[float, int]] = _Bounded()
-        self._auth_capacity = float(settings.failed_auth_per_min)
-        self._auth_failures: _Bounded[str, tuple[float, float]] = _Bounded()
-        self._report_capacity = float(settings.completion_reports_per_min)
-        self._reports: _Bounded[str, tuple[float, float]] = _Bounded()
+        self._auth_failures = _PerMinute(float(settings.failed_auth_per_min))
+        self._reports = _PerMinute(float(settings.completion_reports_per_min))
 
     # Request rate -------------------------------------------------------------------------
 
@@ -158,25 +190,14 @@ class Quotas:
 
     def auth_wait(self, address: str) -> float | None:
         """Seconds this address must wait before trying a key again; None if it may."""
-        tokens, at = self._auth_failures.get(address, (self._auth_capacity, time.monotonic()))
-        tokens = min(self._auth_capacity, tokens + (time.monotonic() - at) * self._auth_capacity / 60)
-        return None if tokens >= 1 else (1 - tokens) * 60 / self._auth_capacity
+        return self._auth_failures.wait_s(address)
 
     def auth_failed(self, address: str) -> None:
-        now = time.monotonic()
-        tokens, at = self._auth_failures.get(address, (self._auth_capacity, now))
-        tokens = min(self._auth_capacity, tokens + (now - at) * self._auth_capacity / 60)
-        self._auth_failures.put(address, (tokens - 1, now))
+        self._auth_failures.take(address)
 
     # Completion reports ------------------------------------------------------------------
 
     def report_wait(self, token_digest: str) -> float | None:
         """Takes one report of this completion token's allowance (per minute, this replica);
         the seconds to wait when none is left."""
-        capacity, now = self._report_capacity, time.monotonic()
-        tokens, at = self._reports.get(token_digest, (capacity, now))
-        tokens = min(capacity, tokens + (now - at) * capacity / 60)
-        if tokens < 1:
-            return (1 - tokens) * 60 / capacity
-        self._reports.put(token_digest, (tokens - 1, now))
-        return None
+        return self._reports.take_if_any(token_digest)

@@ -77,6 +77,12 @@ class CompletionSettings:
 SYNC = CompletionSettings()
 
 
+def heartbeat_fits(async_timeout_s: int | None, heartbeat_timeout_s: int | None) -> bool:
+    """A heartbeat timeout longer than the attempt's own could never fire: refused. (Either
+    unset: nothing to compare.)"""
+    return async_timeout_s is None or heartbeat_timeout_s is None or heartbeat_timeout_s <= async_timeout_s
+
+
 def resolve_settings(
     job_mode: str | None,
     job_async_timeout_s: int | None,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.domain.completion import heartbeat_fits
 from app.domain.job import JobCompletion, NewJob
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence, first_fire_time
 from app.domain.retry import RetryPolicy
@@ -146,11 +147,7 @@ def job_completion(fields: JobFields) -> JobCompletion | None:
     if fields.completion is None and fields.async_timeout_s is None and fields.heartbeat_timeout_s is None:
         return None
     # Checked here, not by the request model: a validator there costs every create.
-    if (
-        fields.async_timeout_s is not None
-        and fields.heartbeat_timeout_s is not None
-        and fields.heartbeat_timeout_s > fields.async_timeout_s
-    ):
+    if not heartbeat_fits(fields.async_timeout_s, fields.heartbeat_timeout_s):
         raise PlanError("heartbeat_timeout_s", "must not exceed async_timeout_s")
     mode = None if fields.completion is None else str(fields.completion)
     return JobCompletion(mode, fields.async_timeout_s, fields.heartbeat_timeout_s)

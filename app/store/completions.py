@@ -125,8 +125,14 @@ class OpenAttempt:
 
 @functools.cache
 def _read_statement(lock: bool) -> Any:
+    """Unlocked, the read leaves the payload out (an empty text): it serves only finishes of
+    one statement, which write no dead letter; the locked read, for the others, has it."""
+    columns = [
+        column if lock or column.name != "payload_json" else literal("", Text).label("payload_json")
+        for column in CLAIMED_JOB_COLUMNS
+    ]
     stmt = (
-        select(*CLAIMED_JOB_COLUMNS, jobs.c.awaiting_since, jobs.c.completion_token_hash, jobs.c.pause_requested_at)
+        select(*columns, jobs.c.awaiting_since, jobs.c.completion_token_hash, jobs.c.pause_requested_at)
         .join(targets, targets.c.id == jobs.c.target_id)
         .where(
             jobs.c.id == bindparam("job_id"),

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app import metrics
-from app.api.deps import AutocommitConn, KeyRingDep, QuotasDep, client_address, in_transaction
+from app.api.deps import AutocommitConn, KeyRingDep, QuotasDep, client_address, in_transaction, too_many
 from app.api.errors import Problem
 from app.api.schemas.completions import CompletionReport, HeartbeatReport
 from app.domain.completion import MAX_RESULT_BYTES, CompletionToken, ReportOutcome, read_token
@@ -49,21 +49,17 @@ TokenPath = Annotated[
 ]
 
 
-def _too_many(wait_s: float, detail: str) -> Problem:
-    return Problem(429, detail, slug="report-throttled", headers={"Retry-After": str(max(1, round(wait_s + 0.5)))})
-
-
 async def _admitted(request: Request, quotas: QuotasDep, key_ring: KeyRingDep, token: TokenPath) -> CompletionToken:
     """The attempt the token names, once its address and the token may report again."""
     address = client_address(request.scope)
     if (wait_s := quotas.auth_wait(address)) is not None:
-        raise _too_many(wait_s, "too many unknown completion tokens from this address")
+        raise too_many("too many unknown completion tokens from this address", wait_s, "report-throttled")
     named = read_token(key_ring.mac_keys, token)
     if named is None:
         quotas.auth_failed(address)
         raise Problem(404, "unknown completion token", slug="not-found")
     if (wait_s := quotas.report_wait(named.digest)) is not None:
-        raise _too_many(wait_s, "too many reports with this completion token")
+        raise too_many("too many reports with this completion token", wait_s, "report-throttled")
     return named
 
 

@@ -12,7 +12,13 @@ from pydantic import AfterValidator, BaseModel, Field, StrictInt, field_validato
 from pydantic_core import PydanticCustomError
 
 from app.api.schemas.inputs import PlainText, RequestModel
-from app.domain.completion import DEFAULT_ASYNC_TIMEOUT_S, MAX_ASYNC_TIMEOUT_S, MIN_TIMEOUT_S, CompletionMode
+from app.domain.completion import (
+    DEFAULT_ASYNC_TIMEOUT_S,
+    MAX_ASYNC_TIMEOUT_S,
+    MIN_TIMEOUT_S,
+    CompletionMode,
+    heartbeat_fits,
+)
 from app.settings import TARGET_TIMEOUT_CEILING_S
 
 # Headers cronhook sets itself, or that would break the request if a target overrode them.
@@ -155,7 +161,7 @@ AsyncCountsInFlight = Annotated[
 
 def check_async_timeouts(async_timeout_s: int | None, heartbeat_timeout_s: int | None) -> None:
     """A heartbeat timeout longer than the attempt's own could never fire: refused."""
-    if async_timeout_s is not None and heartbeat_timeout_s is not None and heartbeat_timeout_s > async_timeout_s:
+    if not heartbeat_fits(async_timeout_s, heartbeat_timeout_s):
         raise PydanticCustomError("heartbeat_too_long", "heartbeat_timeout_s must not exceed async_timeout_s")
 
 
