@@ -126,17 +126,42 @@ class Role:
     name: str
     proc: subprocess.Popen[bytes]
     http: httpx.AsyncClient
+    services: Processes
+
+    def log(self) -> str:
+        return self.services.log(self.name)
+
+    def serving(self) -> bool:
+        """Its log says its probe server listens, or it has exited."""
+        return self.proc.poll() is not None or bool(events(self.log(), "probe_server_started"))
+
+    def assert_running(self) -> None:
+        assert self.proc.poll() is None, f"{self.name} exited {self.proc.returncode}:\n{self.log()[-3000:]}"
 
 
-async def start_role(services: Processes, drill: Drill, command: str, **overrides: str) -> Role:
-    port = free_port()
-    proc = services.start(command, [command], drill.env(CRONHOOK_METRICS_PORT=str(port), **overrides))
-    drill.clients.append(httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5))
-    return Role(command, proc, drill.clients[-1])
+async def start_role(services: Processes, drill: Drill, command: str, serving: bool = True, **overrides: str) -> Role:
+    """The role's process with its probe server on a free port, started and (with `serving`)
+    serving: its probe server starts once the database answers. A port picked free can be
+    taken by another test's process before the role binds it (the role then exits saying so):
+    that start is retried on another port, so a readiness answer is never another process's."""
+    for _ in range(3):
+        port = free_port()
+        proc = services.start(command, [command], drill.env(CRONHOOK_METRICS_PORT=str(port), **overrides))
+        http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5)
+        drill.clients.append(http)
+        role = Role(command, proc, http, services)
+        if not serving:
+            return role
+        await wait_for(role.serving, timeout=START_S, interval=0.1, message=f"{command}'s probe server")
+        if proc.poll() is None:
+            return role
+        assert "already in use" in role.log(), f"{command} exited {proc.returncode}:\n{role.log()[-3000:]}"
+    raise AssertionError(f"{command}: three free ports were taken before it could bind one")
 
 
 async def wait_ready(role: Role, timeout: float = START_S) -> None:
     async def ready() -> bool:
+        role.assert_running()
         return await readyz(role.http) == 200
 
     await wait_for(ready, timeout=timeout, interval=0.1, message=f"{role.name} ready")
@@ -208,8 +233,20 @@ async def roles_delivering(services: Processes, drill: Drill, receiver: Receiver
     reaper = await start_role(services, drill, "reaper")
     await wait_ready(scheduler)
     await wait_ready(reaper)
+    # /readyz answers ready from the start (no commit has failed yet): the scheduler is
+    # working once it holds partitions.
+    await wait_for(logged(services, scheduler, "partitions_rebalanced"), timeout=START_S, message="partitions held")
     await make_jobs(drill.engine, drill.tenant, drill.target, jobs)
-    await wait_for(lambda: len(receiver.requests) >= jobs, timeout=SETTLE_S, message=f"first {jobs} delivered")
+
+    def delivered() -> bool:
+        scheduler.assert_running()
+        return len(receiver.requests) >= jobs
+
+    try:
+        await wait_for(delivered, timeout=SETTLE_S, message=f"first {jobs} delivered")
+    except AssertionError as exc:
+        arrived = len(receiver.requests)
+        raise AssertionError(f"{exc}; {arrived} arrived. The scheduler's log:\n{scheduler.log()[-4000:]}") from None
     return scheduler, reaper
 
 
@@ -378,7 +415,7 @@ async def test_a_scheduler_refused_at_max_connections_waits_and_then_delivers(
             except asyncpg.TooManyConnectionsError:
                 break
             assert len(hogs) <= 12, "max_connections is not enforced"
-        scheduler = await start_role(services, drill, "scheduler", CRONHOOK_DB_POOL_SIZE="2")
+        scheduler = await start_role(services, drill, "scheduler", serving=False, CRONHOOK_DB_POOL_SIZE="2")
 
         def refusals() -> list[dict[str, Any]]:
             return events(services.log("scheduler"), "database_wait")
