@@ -178,7 +178,7 @@ async def create_batch(
     for index, (item, job_id) in enumerate(zip(items, new_ids(len(items)), strict=True)):
         try:
             payload = ensure_payload_fits(item.payload, settings)
-            new = plan_create(item, tenant_id, defaults, caller.now)
+            new = plan_create(item, tenant_id, defaults, caller.now, job_id)
             check_job_within_limits(limits, new.schedule, new.policy, caller.now)
         except (ScheduleError, PlanError, Problem) as refused:
             raise _item_field(refused, index) from None

@@ -139,6 +139,9 @@ def _job_arguments(parser: argparse.ArgumentParser, completion_default: str) -> 
     parser.add_argument("--misfire-grace", dest="misfire_grace_s", type=float, metavar="SECONDS")
     parser.add_argument("--catch-up-limit", dest="catch_up_limit", type=int)
     parser.add_argument("--interval-mode", dest="interval_mode", choices=("fixed_rate", "fixed_delay"))
+    parser.add_argument(
+        "--jitter", dest="jitter_s", type=int, metavar="SECONDS", help="recurring: fire each occurrence up to this late"
+    )
     parser.add_argument("--priority", type=int)
     parser.add_argument("--max-attempts", type=int, dest="max_attempts")
     _completion_arguments(parser, completion_default)

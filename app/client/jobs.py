@@ -38,13 +38,15 @@ WATCHED = ("state", "attempt", "runs", "last_status_code", "awaiting_completion"
 JOB_FIELDS = (
     "payload", "name", "cron", "timezone", "priority", "max_attempts", "completion", "async_timeout_s",
     "heartbeat_timeout_s", "start_at", "end_at", "max_runs", "overlap_policy", "misfire_policy",
-    "misfire_grace_s", "catch_up_limit", "interval_mode",
+    "misfire_grace_s", "catch_up_limit", "interval_mode", "jitter_s",
 )  # fmt: skip
 
 
 def _schedule(job: dict[str, Any]) -> str:
     if job.get("cron"):
-        return f"cron {job['cron']} {job.get('timezone') or 'UTC'}"
+        resolved = job.get("resolved_cron")
+        shown = job["cron"] if resolved in (None, job["cron"]) else f"{job['cron']} ({resolved})"
+        return f"cron {shown} {job.get('timezone') or 'UTC'}"
     if job.get("every_s"):
         return f"every {job['every_s']}s"
     return "once"

@@ -13,8 +13,9 @@ Syntax
     by OR when both are restricted); month and weekday names, wrap-around ranges (`22-2`),
     `?` (alone, for `*` in a day field), and the extensions L, LW, nW (day-of-month) and
     d#k, dL (day-of-week) are accepted as restrictions of their field: see cron_fields.py.
-    Anything else (@reboot, a year field, `L-3`, `1-5#2`, hashed 'H' and random 'R'
-    values) is rejected with CronError(field="cron").
+    Hashed 'H' values are resolved to plain ones before an expression gets here
+    (app/domain/cron_hash.py). Anything else (@reboot, a year field, `L-3`, `1-5#2`, an
+    unresolved 'H', random 'R' values) is rejected with CronError(field="cron").
 
 Evaluation is bounded
     An expression with no fire time within MAX_YEARS_BETWEEN_FIRES years after `after`
@@ -71,8 +72,9 @@ _FIVE_FIELDS: Final = ("minute", "hour", "day-of-month", "month", "day-of-week")
 _SIX_FIELDS: Final = ("second", *_FIVE_FIELDS)
 
 # Characters each field may hold once month and weekday names are removed. 'H' and 'R',
-# which croniter accepts, are refused on purpose: 'H' needs a hash id we do not have, and
-# 'R' picks a different random value every time the expression is parsed.
+# which croniter accepts, are refused here on purpose: 'H' is resolved from its job first
+# (app/domain/cron_hash.py), and 'R' picks a different random value every time the
+# expression is parsed.
 _NUMERIC: Final = frozenset("0123456789*,-/")
 _ALLOWED_CHARS: Final[dict[str, frozenset[str]]] = {
     "second": _NUMERIC,
@@ -229,7 +231,7 @@ def _check_field_chars(expression: str, name: str, value: str) -> None:
     for char in upper:
         if char not in _ALLOWED_CHARS[name]:
             if char == "H":
-                reason = "hashed 'H' values are not supported"
+                reason = "hashed 'H' values are resolved from a job (app/domain/cron_hash.py), not here"
             elif char == "R":
                 reason = "random 'R' values are not supported"
             else:

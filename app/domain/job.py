@@ -17,7 +17,7 @@ from app.domain.completion import SYNC, CompletionSettings
 from app.domain.lifecycle import AttemptContext, NextStep
 from app.domain.occurrences import Recurrence
 from app.domain.retry import RetryPolicy
-from app.domain.schedule import Schedule
+from app.domain.schedule import Schedule, jittered
 
 
 class RunOutcome(enum.StrEnum):
@@ -60,6 +60,9 @@ class NewJob:
     parent_job_id: uuid.UUID | None = None  # a one-off carrying an occurrence of this job
     # The job's own completion settings (None each: its target's apply).
     completion: JobCompletion | None = None
+    # Its id when planning needed it (hashed cron values are resolved from it); else None,
+    # and one is minted as it is prepared for insertion.
+    id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,14 @@ class ClaimedJob:
     target_max_in_flight: int | None = None
     # Sync, or async with its timeouts (the job's, else its target's).
     completion: CompletionSettings = SYNC
+
+    @property
+    def fire_at(self) -> dt.datetime | None:
+        """A jittered occurrence's fire time (its jitter after scheduled_for); None when the
+        occurrence fires at scheduled_for."""
+        if self.recurrence is None or not self.recurrence.jitter_s:
+            return None
+        return jittered(self.id, self.scheduled_for, self.recurrence.jitter_s)
 
     def attempt_context(self) -> AttemptContext:
         return AttemptContext(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.domain.completion import heartbeat_fits
+from app.domain.cron_hash import has_hash
 from app.domain.job import JobCompletion, NewJob
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence, first_fire_time
 from app.domain.retry import RetryPolicy
@@ -27,9 +28,12 @@ from app.domain.schedule import (
     ScheduleError,
     checked_instant,
     first_fire,
+    hash_seed,
+    max_jitter_s,
     parse_schedule,
 )
 from app.domain.states import JobState
+from app.ids import new_id
 
 SCHEDULE_FIELDS = frozenset({"run_at", "delay_s", "cron", "timezone", "every_s"})
 POLICY_FIELDS = frozenset({"max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor"})
@@ -41,6 +45,7 @@ RECURRENCE_FIELDS = (
     "misfire_grace_s",
     "catch_up_limit",
     "overlap_policy",
+    "jitter_s",
     "start_at",
     "end_at",
     "max_runs",
@@ -90,6 +95,8 @@ class JobFields(Protocol):
     @property
     def overlap_policy(self) -> OverlapPolicy | None: ...
     @property
+    def jitter_s(self) -> int | None: ...
+    @property
     def start_at(self) -> dt.datetime | None: ...
     @property
     def end_at(self) -> dt.datetime | None: ...
@@ -118,10 +125,21 @@ class NewJobFields(JobFields, Protocol):
     def dedup_key(self) -> str | None: ...
 
 
-def plan_create(fields: NewJobFields, tenant_id: uuid.UUID, defaults: RetryPolicy, now: dt.datetime) -> NewJob:
-    """The job a create request makes; `defaults` is the retry policy of a job that sets none."""
+def plan_create(
+    fields: NewJobFields,
+    tenant_id: uuid.UUID,
+    defaults: RetryPolicy,
+    now: dt.datetime,
+    job_id: uuid.UUID | None = None,
+) -> NewJob:
+    """The job a create request makes; `defaults` is the retry policy of a job that sets none.
+    A cron expression with hashed values (`H`) is resolved from the job's id: `job_id`, or
+    one minted here (the job then carries it)."""
     policy = retry_policy(fields, defaults)
-    schedule = _parse(fields, fields.cron, fields.timezone, now)
+    if job_id is None and fields.cron is not None and has_hash(fields.cron):
+        job_id = new_id()
+    seed = None if job_id is None else hash_seed(tenant_id, job_id)
+    schedule = _parse(fields, fields.cron, fields.timezone, now, seed)
     recurrence, anchor_at, first_fire_at = plan_recurrence(fields, schedule, now)
     return NewJob(
         tenant_id=tenant_id,
@@ -136,6 +154,7 @@ def plan_create(fields: NewJobFields, tenant_id: uuid.UUID, defaults: RetryPolic
         recurrence=recurrence,
         anchor_at=anchor_at,
         completion=job_completion(fields),
+        id=job_id,
     )
 
 
@@ -241,7 +260,11 @@ def plan_recurrence(
         catch_up_limit=fields.catch_up_limit or base.catch_up_limit,
         overlap_policy=fields.overlap_policy or base.overlap_policy,
         bounds=bounds,
+        jitter_s=fields.jitter_s if fields.jitter_s is not None else base.jitter_s,
     )
+    # A new schedule is held to a jitter kept from before, too: half its period at most.
+    if recurrence.jitter_s and recurrence.jitter_s > (most := max_jitter_s(schedule, now)):
+        raise ScheduleError("jitter_s", f"must be at most half the schedule's period and at most an hour: {most} s")
     return recurrence, anchor, first_at
 
 
@@ -270,6 +293,7 @@ class JobChanges:
 def plan_update(
     fields: JobFields,
     *,
+    seed: str,
     state: JobState,
     attempts_made: int,
     policy: RetryPolicy,
@@ -291,7 +315,7 @@ def plan_update(
     if not sent & (SCHEDULE_FIELDS | set(RECURRENCE_FIELDS)):
         return JobChanges(policy=new_policy)
     if sent & SCHEDULE_FIELDS:
-        schedule = _replaced_schedule(fields, schedule, now)
+        schedule = _replaced_schedule(fields, schedule, now, seed)
     new_recurrence, anchor_at, first_fire_at = plan_recurrence(fields, schedule, now, recurrence())
     if not new_occurrence:
         # Misfire and overlap policies apply from the next claim; the schedule stands.
@@ -315,7 +339,7 @@ def _changed_policy(fields: JobFields, current: RetryPolicy, attempts_made: int)
     return policy
 
 
-def _replaced_schedule(fields: JobFields, current: Schedule, now: dt.datetime) -> Schedule:
+def _replaced_schedule(fields: JobFields, current: Schedule, now: dt.datetime, seed: str) -> Schedule:
     """The schedule a PATCH sends; a cron job keeps its zone for a new expression and its
     expression for a new zone."""
     sent = fields.model_fields_set
@@ -327,13 +351,19 @@ def _replaced_schedule(fields: JobFields, current: Schedule, now: dt.datetime) -
         raise ScheduleError("timezone", "applies only to a cron schedule")
     if isinstance(current, CronSchedule):
         if cron is None and timezone is not None:
-            cron = current.expression  # a new time zone for the same expression
+            cron = current.written  # a new time zone for the same expression
         if cron is not None and "timezone" not in sent:
             timezone = current.timezone  # a new expression in the job's own time zone
-    return _parse(fields, cron, timezone, now)
+    return _parse(fields, cron, timezone, now, seed)
 
 
-def _parse(fields: JobFields, cron: str | None, timezone: str | None, now: dt.datetime) -> Schedule:
+def _parse(fields: JobFields, cron: str | None, timezone: str | None, now: dt.datetime, seed: str | None) -> Schedule:
     return parse_schedule(
-        run_at=fields.run_at, delay_s=fields.delay_s, cron=cron, timezone=timezone, every_s=fields.every_s, now=now
+        run_at=fields.run_at,
+        delay_s=fields.delay_s,
+        cron=cron,
+        timezone=timezone,
+        every_s=fields.every_s,
+        now=now,
+        seed=seed,
     )

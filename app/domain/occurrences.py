@@ -39,7 +39,7 @@ from app.domain.fire_times import (
     IntervalTimes,
     Skipped,
 )
-from app.domain.schedule import TICK, CronSchedule, IntervalSchedule, ScheduleError, first_fire
+from app.domain.schedule import MAX_JITTER_S, TICK, CronSchedule, IntervalSchedule, ScheduleError, first_fire
 
 # Skipped and its limits are fire_times' own, named here too as part of this module's results.
 __all__ = [
@@ -117,6 +117,9 @@ class Recurrence:
     catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT
     overlap_policy: OverlapPolicy = OverlapPolicy.FORBID
     bounds: Bounds = Bounds()
+    # Each occurrence fires up to this many seconds after its nominal fire time (the fire
+    # times here are all nominal; app/domain/schedule.py: jitter_delay).
+    jitter_s: int = 0
 
     @property
     def hands_off_occurrences(self) -> bool:
@@ -135,6 +138,8 @@ class Recurrence:
             raise ScheduleError("misfire_grace_s", "must be a number of seconds, 0 or more")
         if not 1 <= self.catch_up_limit <= MAX_CATCH_UP_LIMIT:
             raise ScheduleError("catch_up_limit", f"must be between 1 and {MAX_CATCH_UP_LIMIT}")
+        if not 0 <= self.jitter_s <= MAX_JITTER_S:
+            raise ScheduleError("jitter_s", f"must be between 0 and {MAX_JITTER_S}")
 
 
 @dataclass(frozen=True)
@@ -199,10 +204,18 @@ def _ends_when_no_fire_time_left(ended: _Plan) -> Callable[[Callable[_Args, _Pla
 
 
 @_ends_when_no_fire_time_left(DuePlan(None, NO_SKIPS, None, "schedule"))
-def plan_due(rec: Recurrence, scheduled_for: dt.datetime, runs_done: int, now: dt.datetime) -> DuePlan:
+def plan_due(
+    rec: Recurrence,
+    scheduled_for: dt.datetime,
+    runs_done: int,
+    now: dt.datetime,
+    fire_delay: dt.timedelta = dt.timedelta(0),
+) -> DuePlan:
     """What to deliver now that the occurrence due at `scheduled_for` has been claimed.
 
-    Within misfire_grace_s of `scheduled_for` (or claimed early) the occurrence is on time.
+    Within misfire_grace_s of its fire time (`scheduled_for`, or `fire_delay` after it for a
+    jittered occurrence, which is not late for its jitter), or claimed early, the occurrence
+    is on time.
     Later, the late fire times are those from `scheduled_for` up to `now` (and end_at), and
     the misfire policy picks which one to deliver; the ones before it are missed:
     SKIP delivers the earliest one still within the grace, if any; FIRE_ONCE the latest one;
@@ -216,7 +229,7 @@ def plan_due(rec: Recurrence, scheduled_for: dt.datetime, runs_done: int, now: d
     if bounds.end_at is not None and scheduled_for > bounds.end_at:
         return DuePlan(None, NO_SKIPS, None, "end_at")
     grace = dt.timedelta(seconds=rec.misfire_grace_s)
-    if now - scheduled_for <= grace:
+    if now - scheduled_for - fire_delay <= grace:
         return DuePlan(scheduled_for, NO_SKIPS, None, None)
 
     fire_times = _fire_times(rec, origin=scheduled_for)

@@ -8,7 +8,8 @@ A job has exactly one schedule:
   run (fixed delay).
 
 This module turns the API's schedule fields into a Schedule and owns the fire-time math:
-the first fire time, the next cron fire time, the next point of an interval's grid. What a
+the first fire time, the next cron fire time, the next point of an interval's grid, and an
+occurrence's jitter (a delay past its nominal fire time, up to the job's `jitter_s`). What a
 recurring job does at each occurrence (bounds, misfires, overlap, catch-up, and a schedule
 with no fire time left) is app/domain/occurrences.py.
 """
@@ -17,10 +18,14 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import hashlib
+import itertools
 import math
+import uuid
 from dataclasses import dataclass
 
-from app.domain.cron import CronError, next_fire, parse_cron
+from app.domain.cron import CronError, next_fire, parse_cron, upcoming
+from app.domain.cron_hash import has_hash, resolve_hashed
 
 UTC = dt.UTC
 # Datetimes have microsecond resolution: t < x is t <= x - TICK.
@@ -70,8 +75,16 @@ class OnceSchedule:
 
 @dataclass(frozen=True)
 class CronSchedule:
+    # The expression every fire time is computed from: with hashed values (`H`) resolved.
     expression: str
     timezone: str = "UTC"
+    # The expression as written, when it holds `H` (app/domain/cron_hash.py); else None.
+    source: str | None = None
+
+    @property
+    def written(self) -> str:
+        """The expression as its user wrote it."""
+        return self.source or self.expression
 
 
 @dataclass(frozen=True)
@@ -140,10 +153,13 @@ def parse_schedule(
     timezone: str | None,
     every_s: int | None,
     now: dt.datetime,
+    seed: str | None = None,
 ) -> Schedule:
     """Turns the API's schedule fields into a Schedule (its first fire time: first_fire).
 
     Exactly one of run_at, delay_s, cron and every_s must be given; `timezone` only with cron.
+    A cron expression with hashed values (`H`) is resolved with `seed` (hash_seed: the same
+    job always gets the same values); without a seed it is refused.
     """
     given = [
         name
@@ -169,11 +185,57 @@ def parse_schedule(
         schedule = OnceSchedule(now + dt.timedelta(seconds=delay_s))
     elif cron is not None:
         zone_name = timezone or "UTC"
+        source = None
+        if has_hash(cron):
+            if seed is None:
+                raise ScheduleError("cron", "hashed values (H) need a job to hash from")
+            source, cron = cron, resolve_hashed(cron, seed)
         validate_cron(cron, zone_name, now)  # also rejects an unknown zone
-        schedule = CronSchedule(cron, zone_name)
+        schedule = CronSchedule(cron, zone_name, source)
     else:
         assert every_s is not None
         if every_s <= 0:
             raise ScheduleError("every_s", "must be greater than 0")
         schedule = IntervalSchedule(every_s)
     return schedule
+
+
+def hash_seed(tenant_id: uuid.UUID, job_id: uuid.UUID) -> str:
+    """What a job's hashed cron values (`H`) are resolved from: its tenant and its id, which
+    no edit changes, so the values hold across restarts, replicas, upgrades and edits."""
+    return f"{tenant_id}:{job_id}"
+
+
+# jitter_s bounds: at most an hour, and at most half the schedule's period, so jittered
+# occurrences never swap places.
+MAX_JITTER_S = 3600
+# A cron schedule's period, for that bound: its shortest gap among this many fire times.
+_PERIOD_SAMPLE = 24
+
+
+def max_jitter_s(schedule: CronSchedule | IntervalSchedule, now: dt.datetime) -> int:
+    """The largest jitter_s the schedule allows: half its period (a cron schedule's shortest
+    gap between its next fire times), at most MAX_JITTER_S."""
+    if isinstance(schedule, IntervalSchedule):
+        period_s = float(schedule.every_s)
+    else:
+        fires = upcoming(parse_cron(schedule.expression), schedule.timezone, now, _PERIOD_SAMPLE)
+        period_s = min(((b - a).total_seconds() for a, b in itertools.pairwise(fires)), default=0.0)
+    return int(min(MAX_JITTER_S, period_s // 2))
+
+
+def jitter_delay(job_id: uuid.UUID, nominal: dt.datetime, jitter_s: int) -> dt.timedelta:
+    """How long after its nominal time the job's occurrence at `nominal` fires: a delay in
+    [0, jitter_s] s (millisecond steps) drawn from a hash of the job and the occurrence, not
+    from a random generator, so a rescued, retried-after-restart or re-read occurrence keeps
+    its time and every process computes the same one."""
+    if jitter_s <= 0:
+        return dt.timedelta(0)
+    micros = round(nominal.timestamp() * 1_000_000)
+    digest = hashlib.blake2b(job_id.bytes + micros.to_bytes(8, "big", signed=True), digest_size=8).digest()
+    return dt.timedelta(milliseconds=int.from_bytes(digest, "big") % (jitter_s * 1000 + 1))
+
+
+def jittered(job_id: uuid.UUID, nominal: dt.datetime, jitter_s: int) -> dt.datetime:
+    """The instant the occurrence at `nominal` fires (jitter_delay after it)."""
+    return nominal + jitter_delay(job_id, nominal, jitter_s) if jitter_s > 0 else nominal

@@ -22,6 +22,7 @@ from app.domain.completion import completion_url, mint_token
 from app.domain.job import ClaimedJob, FinishedAttempt, OpenedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import next_after_run, plan_due
+from app.domain.schedule import jitter_delay
 from app.domain.states import JobState
 from app.keyring import KeyRing
 from app.logs import log_event
@@ -180,7 +181,12 @@ class AttemptRunner:
         """Applies the job's misfire policy to a late occurrence; returns the job to deliver
         (possibly for another fire time), or None when nothing is to be delivered now."""
         assert job.recurrence is not None
-        plan = plan_due(job.recurrence, job.scheduled_for, job.occurrences_run, _db_clock(job, claimed_mono))
+        rec = job.recurrence
+        now = _db_clock(job, claimed_mono)
+        # A jittered occurrence is late only past its own fire time's grace.
+        plan = plan_due(
+            rec, job.scheduled_for, job.occurrences_run, now, jitter_delay(job.id, job.scheduled_for, rec.jitter_s)
+        )
         if plan.deliver_at == job.scheduled_for:
             return job
         async with self._engine.begin() as conn:

@@ -66,12 +66,15 @@ def build_request(job: ClaimedJob, attempt_time: dt.datetime, completion_url: st
     signature = sign(job.signing_secret, msg_id, timestamp, body)
     if job.previous_signing_secret is not None:
         signature += " " + sign(job.previous_signing_secret, msg_id, timestamp, body)
-    scheduled_for = job.scheduled_for.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    scheduled_for = _utc_text(job.scheduled_for)
+    # The occurrence's fire time: its nominal time (scheduled-for), or its jitter after.
+    jittered_at = job.fire_at
+    fires = scheduled_for if jittered_at is None else _utc_text(jittered_at)
     head = (
         f"{_target_header_lines(job.headers)}{_FIXED_HEADERS}webhook-id: {msg_id}\r\n"
         f"webhook-timestamp: {timestamp}\r\nwebhook-signature: {signature}\r\n"
         f"cronhook-job-id: {job.id}\r\ncronhook-attempt: {job.attempt}\r\n"
-        f"cronhook-scheduled-for: {scheduled_for}\r\n"
+        f"cronhook-scheduled-for: {scheduled_for}\r\ncronhook-fire-at: {fires}\r\n"
     )
     if completion_url is not None:
         url_bytes = completion_url.encode()
@@ -86,6 +89,10 @@ def build_request(job: ClaimedJob, attempt_time: dt.datetime, completion_url: st
         if job.completion.heartbeat_timeout_s is not None:
             head += f"cronhook-heartbeat-timeout: {job.completion.heartbeat_timeout_s}\r\n"
     return body, head.encode("latin-1")
+
+
+def _utc_text(at: dt.datetime) -> str:
+    return at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def _target_header_lines(headers: dict[str, str]) -> str:

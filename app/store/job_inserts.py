@@ -30,6 +30,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    literal_column,
     select,
     text,
 )
@@ -70,11 +71,17 @@ def _value(new: Any, name: str) -> ColumnElement[Any]:
     return func.coalesce(new.c[name], bindparam(f"{name}_fill", type_=type_), type_=type_)
 
 
+def _run_at(values: dict[str, ColumnElement[Any]]) -> ColumnElement[Any]:
+    """When the new job may first be claimed: its first fire time, plus its jitter."""
+    return values["scheduled_for"] + values["fire_delay_ms"] * literal_column("interval '1 millisecond'")
+
+
 def _insert_select(new: Any, tenant_id: ColumnElement[Any]) -> Select[Any]:
     values: dict[str, ColumnElement[Any]] = {name: _value(new, name) for name, _ in NEW_JOB_COLUMNS}
     payload = cast(values["payload"], JSONB)
     state = cast(literal(JobState.SCHEDULED.value), job_state)
-    values.update(tenant_id=tenant_id, payload=payload, state=state, run_at=values["scheduled_for"])
+    values.update(tenant_id=tenant_id, payload=payload, state=state, run_at=_run_at(values))
+    del values["fire_delay_ms"]
     return select(*(value.label(name) for name, value in values.items()))
 
 
@@ -130,8 +137,9 @@ def create_one_statement(key_checked: bool) -> DriverStatement:
         tenant_id=_TENANT_ID,
         payload=cast(values["payload"], JSONB),
         state=cast(literal(JobState.SCHEDULED.value), job_state),
-        run_at=values["scheduled_for"],
+        run_at=_run_at(values),
     )
+    del values["fire_delay_ms"]
     # One row when the target is live (and then share-locked), none otherwise.
     selected = select(*(value.label(name) for name, value in values.items())).select_from(live_target)
     created = _insert_if_new(selected).returning(*CREATED_COLUMNS).cte("created")

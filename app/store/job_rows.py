@@ -17,7 +17,7 @@ from app.domain.job import ClaimedJob
 from app.domain.job_plan import JobChanges
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence
 from app.domain.retry import RetryPolicy
-from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule, ScheduleKind
+from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule, ScheduleKind, jittered
 from app.keyring import SIGNING_SECRET, KeyRing
 from app.store.tables import jobs, targets
 
@@ -27,6 +27,8 @@ _NOT_READ_ON_CLAIM = frozenset(
     # Completion: read resolved against the target's (below); an open attempt's state, never.
     | {"completion", "async_timeout_s", "heartbeat_timeout_s", "async_deadline_at", "awaiting_since"}
     | {"completion_token_hash", "last_heartbeat_at", "progress", "progress_message", "pause_requested_at"}
+    # The expression as written: fire times need only the resolved one.
+    | {"cron_source"}
 )
 
 # What a claimed job is read with (claim and reaper alike): the job, its target's delivery
@@ -72,21 +74,35 @@ NO_LEASE: dict[str, Any] = {
 
 def schedule_columns(schedule: Schedule) -> dict[str, Any]:
     if isinstance(schedule, OnceSchedule):
-        return {"schedule_kind": ScheduleKind.ONCE, "cron": None, "every_s": None, "timezone": "UTC"}
+        return {
+            "schedule_kind": ScheduleKind.ONCE,
+            "cron": None,
+            "cron_source": None,
+            "every_s": None,
+            "timezone": "UTC",
+        }
     if isinstance(schedule, CronSchedule):
         return {
             "schedule_kind": ScheduleKind.CRON,
             "cron": schedule.expression,
+            "cron_source": schedule.source,
             "every_s": None,
             "timezone": schedule.timezone,
         }
-    return {"schedule_kind": ScheduleKind.INTERVAL, "cron": None, "every_s": schedule.every_s, "timezone": "UTC"}
+    return {
+        "schedule_kind": ScheduleKind.INTERVAL,
+        "cron": None,
+        "cron_source": None,
+        "every_s": schedule.every_s,
+        "timezone": "UTC",
+    }
 
 
 def schedule_from_row(row: RowMapping) -> Schedule:
     kind = row["schedule_kind"]
     if kind == ScheduleKind.CRON:
-        return CronSchedule(row["cron"], row["timezone"])
+        # The claim reads no cron_source (fire times need only the resolved expression).
+        return CronSchedule(row["cron"], row["timezone"], row.get("cron_source"))
     if kind == ScheduleKind.INTERVAL:
         return IntervalSchedule(row["every_s"])
     return OnceSchedule(row["scheduled_for"])
@@ -108,6 +124,7 @@ def _recurrence_from_row(row: RowMapping, schedule: CronSchedule | IntervalSched
         misfire_grace_s=row["misfire_grace_s"],
         catch_up_limit=row["catch_up_limit"],
         overlap_policy=OverlapPolicy(row["overlap_policy"]),
+        jitter_s=row["jitter_s"],
         bounds=Bounds(
             _bound(row["start_at"], dt.datetime.min), _bound(row["end_at"], dt.datetime.max), row["max_runs"]
         ),
@@ -129,6 +146,7 @@ def recurrence_columns(recurrence: Recurrence | None) -> dict[str, Any]:
         "misfire_grace_s": recurrence.misfire_grace_s,
         "catch_up_limit": recurrence.catch_up_limit,
         "overlap_policy": recurrence.overlap_policy.value,
+        "jitter_s": recurrence.jitter_s,
         "start_at": recurrence.bounds.start_at,
         "end_at": recurrence.bounds.end_at,
         "max_runs": recurrence.bounds.max_runs,
@@ -220,7 +238,7 @@ def _target_settings(
     }
 
 
-def job_change_columns(changes: JobChanges) -> dict[str, Any]:
+def job_change_columns(changes: JobChanges, job_id: uuid.UUID) -> dict[str, Any]:
     """The columns a planned change (app/domain/job_plan.py) writes."""
     columns: dict[str, Any] = {}
     if changes.policy is not None:
@@ -237,5 +255,6 @@ def job_change_columns(changes: JobChanges) -> dict[str, Any]:
             attempt=0,
         )
         if new.state is not None:
-            columns.update(state=new.state, run_at=new.first_fire_at)
+            jitter_s = 0 if new.recurrence is None else new.recurrence.jitter_s
+            columns.update(state=new.state, run_at=jittered(job_id, new.first_fire_at, jitter_s))
     return columns

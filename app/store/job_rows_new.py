@@ -6,6 +6,7 @@ app/store/job_inserts.py. The payload arrives as text, encoded above the store
 
 from __future__ import annotations
 
+import datetime as dt
 import operator
 import uuid
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from app.domain.job import NewJob
 from app.domain.occurrences import Recurrence
 from app.domain.partition import partition_for
 from app.domain.retry import RetryPolicy
-from app.domain.schedule import EARLIEST_RUN_AT, OnceSchedule, Schedule
+from app.domain.schedule import EARLIEST_RUN_AT, OnceSchedule, Schedule, jitter_delay
 from app.ids import new_id, new_ids
 from app.store.job_rows import policy_columns, recurrence_columns, schedule_columns
 from app.store.tables import jobs
@@ -40,10 +41,14 @@ NEW_JOB_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("priority", SmallInteger()),
     ("schedule_kind", Text()),
     ("cron", Text()),
+    ("cron_source", Text()),
     ("timezone", Text()),
     ("every_s", Integer()),
     ("schedule_anchor_at", _TS),
     ("scheduled_for", _TS),
+    # The first occurrence's jitter (run_at is scheduled_for plus this): 0 for all but a
+    # jittered recurring job, so a batch sends it once.
+    ("fire_delay_ms", Integer()),
     ("occurrence_id", _UUID),
     ("max_attempts", Integer()),
     ("backoff_base_s", Double()),
@@ -56,6 +61,7 @@ NEW_JOB_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("misfire_grace_s", Double()),
     ("catch_up_limit", Integer()),
     ("overlap_policy", Text()),
+    ("jitter_s", Integer()),
     ("start_at", _TS),
     ("end_at", _TS),
     ("max_runs", Integer()),
@@ -81,6 +87,7 @@ _ONE_OFF_RECURRENCE: dict[str, Any] = {
     "misfire_grace_s": Recurrence.misfire_grace_s,
     "catch_up_limit": Recurrence.catch_up_limit,
     "overlap_policy": Recurrence.overlap_policy.value,
+    "jitter_s": 0,
     "start_at": None,
     "end_at": None,
     "max_runs": None,
@@ -106,18 +113,18 @@ class PreparedJob:
 
     @classmethod
     def of(cls, new: NewJob, payload: str, job_id: uuid.UUID | None = None) -> PreparedJob:
-        return cls(job_id or new_id(), new, payload)
+        return cls(job_id or new.id or new_id(), new, payload)
 
 
 COLUMN_NAMES = tuple(name for name, _ in NEW_JOB_COLUMNS)
-_SCHEDULE_COLUMNS = ("schedule_kind", "cron", "timezone", "every_s")
+_SCHEDULE_COLUMNS = ("schedule_kind", "cron", "cron_source", "timezone", "every_s")
 _POLICY_COLUMNS = ("max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor")
 _RECURRENCE_COLUMNS = tuple(_ONE_OFF_RECURRENCE)
 # _values' order, checked against the arrays' once.
 assert COLUMN_NAMES == (
     *("id", "partition", "target_id", "name", "payload", "priority"),
     *_SCHEDULE_COLUMNS,
-    *("schedule_anchor_at", "scheduled_for", "occurrence_id"),
+    *("schedule_anchor_at", "scheduled_for", "fire_delay_ms", "occurrence_id"),
     *_POLICY_COLUMNS,
     *("dedup_key", "parent_job_id"),
     *_RECURRENCE_COLUMNS,
@@ -159,6 +166,9 @@ def job_values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ..
         *(_ONCE if isinstance(schedule, OnceSchedule) else _schedule_values(schedule)),
         new.anchor_at or new.first_fire_at,
         new.first_fire_at,
+        0
+        if recurrence is None or not recurrence.jitter_s
+        else _fire_delay_ms(prepared.id, new.first_fire_at, recurrence),
         occurrence_id,
         *_policy_values(new.policy),
         new.dedup_key,
@@ -170,6 +180,10 @@ def job_values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ..
             else (completion.mode, completion.async_timeout_s, completion.heartbeat_timeout_s)
         ),
     )
+
+
+def _fire_delay_ms(job_id: uuid.UUID, fire_at: dt.datetime, recurrence: Recurrence) -> int:
+    return jitter_delay(job_id, fire_at, recurrence.jitter_s) // dt.timedelta(milliseconds=1)
 
 
 def job_arrays(tenant_id: uuid.UUID, jobs_: Sequence[PreparedJob]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from app.domain.fire_times import Skipped
 from app.domain.job import ClaimedJob, RunOutcome
 from app.domain.occurrences import EndReason
 from app.domain.partition import partition_for
-from app.domain.schedule import OnceSchedule
+from app.domain.schedule import OnceSchedule, jittered
 from app.domain.states import JobState
 from app.logs import log_event
 from app.store.job_rows import NO_LEASE, schedule_columns
@@ -142,7 +142,7 @@ async def job_hand_off_occurrence(
     inserted = await conn.execute(insert(jobs).from_select(columns, source.where(*guard)).returning(jobs.c.id))
     if inserted.first() is None:
         return None
-    parent = {**_next_occurrence_values(next_at, ended), "occurrence_claimed_at": None}
+    parent = {**_next_occurrence_values(job, next_at, ended), "occurrence_claimed_at": None}
     parent["occurrences_run"] = jobs.c.occurrences_run + 1
     await conn.execute(update(jobs).where(*guard).values(**parent, updated_at=func.now()))
     return dataclasses.replace(
@@ -172,7 +172,7 @@ async def job_settle_due_plan(
     Returns False when the lease was lost meanwhile (nothing is written).
     """
     guard = _leased(job.id, job.lease_token)
-    values = {"scheduled_for": deliver_at} if deliver_at is not None else _next_occurrence_values(next_at, ended)
+    values = {"scheduled_for": deliver_at} if deliver_at is not None else _next_occurrence_values(job, next_at, ended)
     stmt = update(jobs).where(*guard).values(**values, updated_at=func.now()).returning(jobs.c.id)
     if (await conn.execute(stmt)).first() is None:
         return False
@@ -182,11 +182,13 @@ async def job_settle_due_plan(
     return True
 
 
-def _next_occurrence_values(next_at: dt.datetime | None, ended: EndReason | None) -> dict[str, Any]:
-    """A recurring job released from its claim: waiting for `next_at` as a new occurrence, or
-    ended (succeeded, `ended`) when there is none."""
+def _next_occurrence_values(job: ClaimedJob, next_at: dt.datetime | None, ended: EndReason | None) -> dict[str, Any]:
+    """A recurring job released from its claim: waiting for `next_at` (its jitter after) as a
+    new occurrence, or ended (succeeded, `ended`) when there is none."""
     if next_at is not None:
-        waiting = {"state": JobState.SCHEDULED, "run_at": next_at, "scheduled_for": next_at}
+        jitter_s = 0 if job.recurrence is None else job.recurrence.jitter_s
+        run_at = jittered(job.id, next_at, jitter_s)
+        waiting = {"state": JobState.SCHEDULED, "run_at": run_at, "scheduled_for": next_at}
         values: dict[str, Any] = {**waiting, "occurrence_id": uuid.uuid4()}
     else:
         values = {"state": JobState.SUCCEEDED, "ended_reason": ended or "schedule", "finished_at": func.now()}

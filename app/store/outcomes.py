@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.db.driver import DriverStatement, driver_fetch_all
 from app.domain.fire_times import Skipped
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt, RunOutcome
+from app.domain.schedule import jittered
 from app.domain.states import JobState
 from app.store.dead_letters import dead_letter_insert_many
 from app.store.job_rows import NO_LEASE
@@ -32,6 +33,8 @@ _OUTCOME_COLUMNS: list[tuple[str, Any]] = [
     ("new_state", Text),
     ("retry_delay_s", Double),
     ("next_at", DateTime(timezone=True)),
+    # When the next occurrence fires: next_at, or its jitter after it.
+    ("next_fire_at", DateTime(timezone=True)),
     ("new_occurrence_id", UUID(as_uuid=True)),
     ("status_code", Integer),
     ("error", Text),
@@ -40,6 +43,8 @@ _OUTCOME_COLUMNS: list[tuple[str, Any]] = [
     ("tenant_id", UUID(as_uuid=True)),
     ("occurrence_id", UUID(as_uuid=True)),
     ("scheduled_for", DateTime(timezone=True)),
+    # A jittered occurrence's fire time (NULL: scheduled_for).
+    ("fire_at", DateTime(timezone=True)),
     ("attempt", Integer),
     ("replica_id", Text),
     ("started_at", DateTime(timezone=True)),
@@ -50,12 +55,15 @@ _OUTCOME_COLUMNS: list[tuple[str, Any]] = [
 
 def _outcome_row(item: FinishedAttempt) -> tuple[Any, ...]:
     step, job, result = item.step, item.job, item.result
+    next_at = step.next_occurrence_at
+    jitter_s = 0 if job.recurrence is None else job.recurrence.jitter_s
     return (
         job.id,
         job.lease_token,
         step.state.value,
         step.retry_delay_s,
-        step.next_occurrence_at,
+        next_at,
+        next_at if not jitter_s or next_at is None else jittered(job.id, next_at, jitter_s),
         uuid.uuid4() if step.state == JobState.SCHEDULED else None,
         result.status_code,
         result.error,
@@ -63,6 +71,7 @@ def _outcome_row(item: FinishedAttempt) -> tuple[Any, ...]:
         job.tenant_id,
         job.occurrence_id,
         job.scheduled_for,
+        job.fire_at,
         job.attempt,
         job.lease_owner,
         result.started_at,
@@ -90,6 +99,7 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
     new_state = cast(outcome.c.new_state, job_state)
     retry_delay_s = cast(outcome.c.retry_delay_s, Double)
     next_at = cast(outcome.c.next_at, DateTime(timezone=True))
+    next_fire_at = cast(outcome.c.next_fire_at, DateTime(timezone=True))
     new_occurrence_id = cast(outcome.c.new_occurrence_id, UUID(as_uuid=True))
     retrying = outcome.c.new_state == JobState.RETRYING.value
     scheduled = outcome.c.new_state == JobState.SCHEDULED.value
@@ -110,7 +120,7 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
             # Retries count from the database's clock; the next occurrence is absolute.
             run_at=case(
                 (retrying, func.now() + func.make_interval(0, 0, 0, 0, 0, 0, retry_delay_s)),
-                (scheduled, next_at),
+                (scheduled, next_fire_at),
                 else_=None,
             ),
             scheduled_for=case((scheduled, next_at), else_=jobs.c.scheduled_for),
@@ -126,7 +136,7 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
     # The unnest is evaluated again for the runs (a second function scan of the same arrays,
     # cheaper than materializing it): only the attempts whose UPDATE matched get a run row.
     ran = outcome.alias("ran")
-    run_columns = ["job_id", "tenant_id", "occurrence_id", "scheduled_for", "attempt", "replica_id"]
+    run_columns = ["job_id", "tenant_id", "occurrence_id", "scheduled_for", "fire_at", "attempt", "replica_id"]
     run_columns += ["started_at", "status_code", "duration_ms", "outcome", "error", "lease_token"]
     reports = [cast(ran.c.result, JSONB), func.now()] if reported else []
     if reported:
@@ -136,6 +146,7 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
         ran.c.tenant_id,
         ran.c.occurrence_id,
         ran.c.scheduled_for,
+        ran.c.fire_at,
         ran.c.attempt,
         ran.c.replica_id,
         ran.c.started_at,

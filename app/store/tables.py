@@ -206,6 +206,9 @@ jobs = Table(
     # Schedule: exactly one kind, with its fields.
     Column("schedule_kind", Text, nullable=False),
     Column("cron", Text),
+    # A cron expression as written, when it holds hashed values (`H`); `cron` is then the
+    # resolved expression every fire-time computation reads (app/domain/cron_hash.py).
+    Column("cron_source", Text),
     Column("timezone", Text, nullable=False, server_default=text("'UTC'")),
     Column("every_s", Integer),
     Column("interval_mode", Text, nullable=False, server_default=text("'fixed_rate'")),
@@ -214,6 +217,9 @@ jobs = Table(
     Column("misfire_grace_s", Double, nullable=False, server_default=text("60")),
     Column("catch_up_limit", Integer, nullable=False, server_default=text("10")),
     Column("overlap_policy", Text, nullable=False, server_default=text("'forbid'")),
+    # Each occurrence fires up to this many seconds after its nominal time (run_at holds the
+    # delayed time, scheduled_for the nominal one; app/domain/schedule.py: jitter_delay).
+    Column("jitter_s", Integer, nullable=False, server_default=text("0")),
     # Bounds of a recurring schedule; past them the job ends `succeeded` with `ended_reason`.
     _ts("start_at"),
     _ts("end_at"),
@@ -280,6 +286,7 @@ jobs = Table(
     CheckConstraint(_one_of("overlap_policy", OverlapPolicy), name="overlap_policy_valid"),
     CheckConstraint("misfire_grace_s >= 0 AND catch_up_limit >= 1", name="misfire_bounds"),
     CheckConstraint("max_runs IS NULL OR max_runs >= 1", name="max_runs_positive"),
+    CheckConstraint("jitter_s BETWEEN 0 AND 3600", name="jitter_range"),
     CheckConstraint(f"priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY}", name="priority_range"),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint("backoff_factor >= 1", name="backoff_factor_at_least_one"),
@@ -366,6 +373,8 @@ runs = Table(
     Column("tenant_id", UUID(as_uuid=True), nullable=False),
     Column("occurrence_id", UUID(as_uuid=True), nullable=False),
     _ts("scheduled_for", nullable=False),
+    # When its occurrence was set to fire, when that was not scheduled_for (a jittered one).
+    _ts("fire_at"),
     Column("attempt", Integer, nullable=False),
     Column("replica_id", Text),
     _ts("started_at"),

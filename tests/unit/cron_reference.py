@@ -9,12 +9,17 @@ documented DST policy is restated from "which UTC instants show this wall time":
 - two (a fall-back overlap): the first; also the second when the hour field is every hour;
 - one: that instant.
 Instants are collected as a set (an instant fires once) and sorted.
+
+Hashed 'H' items are restated from app/domain/cron_hash.py's docstring, not imported: each
+H item becomes the explicit list of the values it allows, found by walking its candidate
+values (see hashed_values).
 """
 
 from __future__ import annotations
 
 import calendar
 import datetime as dt
+import hashlib
 from collections.abc import Callable, Iterator
 from zoneinfo import ZoneInfo
 
@@ -225,3 +230,60 @@ def clock_resumes(zone: ZoneInfo, wall: dt.datetime) -> dt.datetime:
     while instant.astimezone(zone).replace(tzinfo=None) <= wall:
         instant += dt.timedelta(minutes=1)
     return instant
+
+
+# Hashed 'H' items. Per field: the values a plain `H` or `H/n` chooses among, and those an
+# explicit `H(a-b)` may name.
+H_CANDIDATES = {
+    "second": (range(60), range(60)),
+    "minute": (range(60), range(60)),
+    "hour": (range(24), range(24)),
+    "day-of-month": (range(1, 29), range(1, 32)),
+    "month": (range(1, 13), range(1, 13)),
+    "day-of-week": (range(7), range(8)),
+}
+
+
+def hash_number(seed: str, field: str) -> int:
+    """sha256 of the seed, a NUL and the field's name, read as one big-endian number."""
+    digest = hashlib.sha256()
+    digest.update(seed.encode("utf-8", "surrogatepass"))
+    digest.update(b"\0")
+    digest.update(field.encode("ascii"))
+    return int(digest.hexdigest(), 16)
+
+
+def hashed_values(item: str, field: str, seed: str) -> list[int]:
+    """The values one H item allows: of its candidates in increasing order, the one at
+    position h mod their count (no step), or every one whose distance from the first
+    candidate is h mod n, modulo n (a step n)."""
+    h = hash_number(seed, field)
+    body, slash, step_text = item.upper().partition("/")
+    everything, nameable = H_CANDIDATES[field]
+    if body == "H":
+        candidates = list(everything)
+    else:
+        first, last = body.removeprefix("H(").removesuffix(")").split("-")
+        candidates = [value for value in nameable if int(first) <= value <= int(last)]
+    if not slash:
+        return [candidates[h % len(candidates)]]
+    step = int(step_text)
+    return [value for value in candidates if (value - candidates[0]) % step == h % step]
+
+
+def resolve_hash(expression: str, seed: str) -> str:
+    """`expression` with each H item written out as the explicit list of its values."""
+    fields = expression.split()
+    if fields[0].startswith("@"):
+        return expression
+    names = ["second", "minute", "hour", "day-of-month", "month", "day-of-week"][-len(fields) :]
+    written = []
+    for name, text in zip(names, fields, strict=True):
+        items: list[str] = []
+        for item in text.split(","):
+            if item.upper().startswith("H"):
+                items.extend(str(value) for value in hashed_values(item, name, seed))
+            else:
+                items.append(item)
+        written.append(",".join(items))
+    return " ".join(written)

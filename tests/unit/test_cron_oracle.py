@@ -5,6 +5,10 @@ ones too), wrap-around ranges, steps, lists, names, `*`-prefixed and restricted 
 fields, `?`, `#`, `L`, `LW`, `nW`, seconds fields and aliases; zones have DST in both
 hemispheres, with 30- and 45-minute offsets or shifts; half the starts lie just before a
 clock change. The engine must give exactly the reference's next fire instants.
+
+A second, smaller set puts Jenkins-style hashed items (H, H/n, H(a-b), H(a-b)/n) into those
+expressions, alone or beside ordinary items, with a random seed per case: the engine runs on
+app.domain.cron_hash's resolution, the reference on its own (cron_reference.resolve_hash).
 """
 
 from __future__ import annotations
@@ -12,16 +16,19 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import random
+import uuid
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from app.domain.cron import CronError, next_fire, parse_cron, upcoming
-from tests.unit.cron_reference import MONTHS, WEEKDAYS, Reference
+from app.domain.cron_hash import resolve_hashed
+from tests.unit.cron_reference import MONTHS, WEEKDAYS, Reference, resolve_hash
 
 UTC = dt.UTC
 SEED = 20261123
 CASES = 3000
+HASHED_CASES = 400
 FIRES = 5
 
 ZONES = [
@@ -173,6 +180,72 @@ def random_start(rnd: random.Random, timezone: str) -> dt.datetime:
     return FIRST + dt.timedelta(seconds=rnd.randint(0, int((LAST - FIRST).total_seconds())))
 
 
+# Per field: the range a plain H covers, what an explicit H(a-b) may name, and values near
+# clock changes (most happen between 00:00 and 03:00 local) for H(a-b) to favour.
+H_FIELDS: dict[str, tuple[int, int, int, list[int]]] = {
+    "second": (0, 59, 59, [0, 30]),
+    "minute": (0, 59, 59, [0, 15, 30, 45]),
+    "hour": (0, 23, 23, [0, 1, 2, 3, 23]),
+    "day-of-month": (1, 28, 31, [1, 28, 29, 30, 31]),
+    "month": (1, 12, 12, [3, 4, 9, 10, 11]),
+    "day-of-week": (0, 6, 7, [0, 6, 7]),
+}
+
+
+def _hashed_item(rnd: random.Random, name: str) -> str:
+    low, high, top, hot = H_FIELDS[name]
+    kind = rnd.random()
+    if kind < 0.3:
+        return "H" if rnd.random() < 0.9 else "h"
+    if kind < 0.5:
+        return f"H/{rnd.randint(2, high - low + 1)}"
+    a, b = sorted(rnd.choice(hot) if rnd.random() < 0.5 else rnd.randint(low, top) for _ in range(2))
+    if kind < 0.75 or a == b:
+        return f"H({a}-{b})"
+    return f"H({a}-{b})/{rnd.randint(2, b - a + 1)}"
+
+
+def random_hashed_expression(rnd: random.Random) -> str:
+    """An expression of random_expression's with H items in some fields (at least one)."""
+    fields = random_expression(rnd).split()
+    while fields[0].startswith("@"):
+        fields = random_expression(rnd).split()
+    names = list(H_FIELDS)[-len(fields) :]
+    hashed = [rnd.random() for _ in names]
+    if min(hashed) >= 0.5:
+        hashed[rnd.randrange(len(names))] = 0.0
+    for index, (name, chance) in enumerate(zip(names, hashed, strict=True)):
+        # `?` must be a whole field: an H goes beside anything else, never beside it.
+        if chance < 0.35 or (chance < 0.5 and fields[index] == "?"):
+            fields[index] = _hashed_item(rnd, name)
+        elif chance < 0.5:
+            fields[index] += f",{_hashed_item(rnd, name)}"
+    return " ".join(fields)
+
+
+def hashed_daily_expression(rnd: random.Random) -> str:
+    """Every day, at an H hour within 00:00-03:00 (where most clock changes are), so that
+    hashed hours land in gaps and overlaps often."""
+    a, b = sorted(rnd.randint(0, 3) for _ in range(2))
+    hour = f"H({a}-{b})" + (f"/{rnd.randint(2, b - a + 1)}" if b > a and rnd.random() < 0.3 else "")
+    minute = _hashed_item(rnd, "minute") if rnd.random() < 0.7 else _numeric_field(rnd, 0, 59, 0.3, [0, 30])
+    return f"{minute} {hour} * * *"
+
+
+def hashed_cases() -> list[tuple[str, str, str, dt.datetime]]:
+    """(expression, seed, zone, start); seeds look like job ids, a few are not ASCII."""
+    rnd = random.Random(SEED + 1)
+    generated: list[tuple[str, str, str, dt.datetime]] = []
+    while len(generated) < HASHED_CASES:
+        expression = random_hashed_expression(rnd) if rnd.random() < 0.7 else hashed_daily_expression(rnd)
+        seed = str(uuid.UUID(int=rnd.getrandbits(128), version=4))
+        if rnd.random() < 0.05:
+            seed = f"tâche-{seed[:8]}"
+        timezone = rnd.choice(ZONES)
+        generated.append((expression, seed, timezone, random_start(rnd, timezone)))
+    return generated
+
+
 def cases() -> list[tuple[str, str, dt.datetime]]:
     rnd = random.Random(SEED)
     generated: list[tuple[str, str, dt.datetime]] = []
@@ -192,11 +265,38 @@ def test_the_generator_covers_every_feature() -> None:
 
 
 def test_engine_matches_the_reference() -> None:
+    _assert_engine_matches([(expression, expression, timezone, after) for expression, timezone, after in cases()])
+
+
+def test_the_hashed_generator_covers_every_form() -> None:
+    generated = hashed_cases()
+    expressions = " ".join(expression for expression, _, _, _ in generated)
+    for form in (" H ", " h ", "H/", "H(", ")/", ",H", "THU"):
+        assert form in f" {expressions} ", form
+    for position, name in enumerate(H_FIELDS):
+        six_fields = [e.split() for e, _, _, _ in generated if len(e.split()) == 6]
+        assert any("H" in fields[position].upper().replace("THU", "") for fields in six_fields), name
+    assert {z for _, _, z, _ in generated} == set(ZONES)
+    assert len({seed for _, seed, _, _ in generated}) == HASHED_CASES
+
+
+def test_hashed_engine_matches_the_reference() -> None:
+    """The engine on cron_hash's resolution; the reference on its own resolution of H."""
+    _assert_engine_matches(
+        [
+            (resolve_hashed(expression, seed), resolve_hash(expression, seed), timezone, after)
+            for expression, seed, timezone, after in hashed_cases()
+        ]
+    )
+
+
+def _assert_engine_matches(compared: list[tuple[str, str, str, dt.datetime]]) -> None:
+    """(engine's expression, reference's expression, zone, start): the same fire instants."""
     differences = []
     rejected = 0
-    for expression, timezone, after in cases():
+    for expression, reference_expression, timezone, after in compared:
         spec = parse_cron(expression)
-        want = Reference(expression).upcoming(ZoneInfo(timezone), after, FIRES)
+        want = Reference(reference_expression).upcoming(ZoneInfo(timezone), after, FIRES)
         try:
             got = upcoming(spec, timezone, after, FIRES)
             first = next_fire(spec, timezone, after)
@@ -205,10 +305,10 @@ def test_engine_matches_the_reference() -> None:
             got, first = [], None
             rejected += 1
         if got != want or (want and first != want[0]):
-            differences.append((expression, timezone, after.isoformat(), got, want))
-    assert differences == [], f"{len(differences)} of {CASES} differ; first: {differences[:3]}"
+            differences.append((expression, reference_expression, timezone, after.isoformat(), got, want))
+    assert differences == [], f"{len(differences)} of {len(compared)} differ; first: {differences[:3]}"
     # Most generated expressions fire: the comparison is not all "never fires" on both sides.
-    assert rejected < CASES // 5
+    assert rejected < len(compared) // 5
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from app.api.schemas.jobs import JobPublic, JobUpdate, job_public
 from app.domain.job import JobCompletion
 from app.domain.job_plan import COMPLETION_FIELDS, plan_one_off, plan_update
 from app.domain.payload import payload_json
+from app.domain.schedule import hash_seed
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
 from app.store import jobs as store
 from app.store.completions import job_request_pause, job_withdraw_pause
@@ -120,6 +121,7 @@ async def update_job(
     now = await store.db_now(conn)
     planned = plan_update(
         body,
+        seed=hash_seed(tenant_id, row["id"]),
         state=state,
         attempts_made=row["attempt"],
         policy=policy_from_row(row),
@@ -131,7 +133,7 @@ async def update_job(
         schedule = planned.rescheduled.schedule if planned.rescheduled is not None else schedule_from_row(row)
         policy = planned.policy or policy_from_row(row)
         await ensure_job_within_quotas(conn, quotas, tenant_id, schedule, policy, now, new_jobs=0)
-    changes.update(job_change_columns(planned))
+    changes.update(job_change_columns(planned, row["id"]))
     # The job's own completion settings: from its next attempt (an open one keeps its own).
     changes.update({name: getattr(body, name) for name in COMPLETION_FIELDS if name in given})
     if not changes:

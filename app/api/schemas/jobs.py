@@ -21,7 +21,7 @@ from app.domain.occurrences import (
     OverlapPolicy,
 )
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
-from app.domain.schedule import MAX_SCHEDULE_AHEAD, ScheduleKind
+from app.domain.schedule import MAX_JITTER_S, MAX_SCHEDULE_AHEAD, ScheduleKind
 from app.domain.states import JobState
 
 # Every outcome a run may show: its row's, and an open async attempt's.
@@ -44,7 +44,11 @@ class JobCreate(RequestModel):
     backoff_factor: Annotated[float | None, Field(strict=True, ge=1, le=10)] = None
     run_at: Timestamp | None = Field(default=None, description="RFC 3339 timestamp with offset")
     delay_s: Annotated[float | None, Field(strict=True, gt=0, le=MAX_DELAY_S)] = None
-    cron: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = None
+    cron: Annotated[PlainText | None, Field(min_length=1, max_length=200)] = Field(
+        default=None,
+        description="Cron expression (5 fields, or 6 with leading seconds). `H`, `H/n`, `H(a-b)` and `H(a-b)/n` "
+        "in any field stand for a value hashed from the job (stable for its life): see resolved_cron",
+    )
     timezone: Annotated[PlainText | None, Field(min_length=1, max_length=64)] = Field(
         default=None, description="IANA time zone for `cron` (default UTC)"
     )
@@ -74,6 +78,12 @@ class JobCreate(RequestModel):
         description="Fire times that come due while an occurrence is in flight: forbid (default: skipped) or allow "
         "(each fires on time; its delivery is carried by a one-off child job, see parent_job_id)",
     )
+    jitter_s: Annotated[int | None, Field(strict=True, ge=0, le=MAX_JITTER_S)] = Field(
+        default=None,
+        description="Each occurrence fires up to this many seconds after its nominal time (default 0; at most "
+        "half the schedule's period and an hour). cronhook-scheduled-for stays the nominal time; "
+        "cronhook-fire-at is the delayed one",
+    )
     start_at: Timestamp | None = Field(default=None, description="No fire time before this")
     end_at: Timestamp | None = Field(default=None, description="No fire time after this; then the job ends")
     completion: Completion = Field(default=None, description="Overrides the target's completion mode (sync/async)")
@@ -102,7 +112,10 @@ class JobPublic(BaseModel):
     priority: int
     # ScheduleKind's values, spelled out so the contract shows them inline.
     schedule_kind: Literal["once", "cron", "interval"]
-    cron: str | None
+    cron: str | None = Field(description="The cron expression as written")
+    resolved_cron: str | None = Field(
+        description="The expression the fire times follow: `cron` with each hashed value (`H`) resolved"
+    )
     timezone: str | None
     every_s: int | None
     dedup_key: str | None
@@ -111,6 +124,7 @@ class JobPublic(BaseModel):
     misfire_grace_s: float | None
     catch_up_limit: int | None
     overlap_policy: OverlapPolicy | None
+    jitter_s: int | None = Field(description="Recurring jobs: each occurrence fires up to this many seconds late")
     start_at: dt.datetime | None
     end_at: dt.datetime | None
     max_runs: int | None
@@ -165,7 +179,10 @@ class RunPublic(BaseModel):
         description="The job that made the attempt: this job, or a child carrying one of its occurrences "
         "(a trigger, or any occurrence under overlap_policy allow)"
     )
-    scheduled_for: dt.datetime
+    scheduled_for: dt.datetime = Field(description="The occurrence's nominal fire time")
+    fire_at: dt.datetime | None = Field(
+        default=None, description="A jittered occurrence's fire time (jitter_s); null when it was scheduled_for"
+    )
     attempt: int
     started_at: dt.datetime | None
     finished_at: dt.datetime | None = Field(description="Null while the attempt is open (awaiting_completion)")
@@ -236,7 +253,8 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         payload=row.get("payload") if payload is _FROM_ROW else payload,
         priority=row["priority"],
         schedule_kind=row["schedule_kind"],
-        cron=row["cron"],
+        cron=row["cron_source"] or row["cron"],
+        resolved_cron=row["cron"],
         timezone=row["timezone"] if row["schedule_kind"] == ScheduleKind.CRON else None,
         every_s=row["every_s"],
         dedup_key=row["dedup_key"],
@@ -245,6 +263,7 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         misfire_grace_s=recurring(row, "misfire_grace_s"),
         catch_up_limit=recurring(row, "catch_up_limit"),
         overlap_policy=recurring(row, "overlap_policy"),
+        jitter_s=recurring(row, "jitter_s"),
         start_at=row["start_at"],
         end_at=row["end_at"],
         max_runs=row["max_runs"],

@@ -14,6 +14,9 @@ class FireTime(BaseModel):
 
 
 class SchedulePreview(BaseModel):
-    cron: str = Field(description="The expression, normalised (aliases expanded)")
+    cron: str = Field(
+        description="The expression the fire times follow: normalised (aliases expanded), hashed values (`H`) "
+        "resolved with the seed"
+    )
     timezone: str
     fire_times: list[FireTime]

@@ -20,7 +20,7 @@ WITH
                AND api_keys.revoked_at IS NULL))
      FOR SHARE),
   created AS
-  (INSERT INTO jobs (id, partition, target_id, name, payload, priority, schedule_kind, cron, timezone, every_s, schedule_anchor_at, scheduled_for, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, dedup_key, parent_job_id, interval_mode, misfire_policy, misfire_grace_s, catch_up_limit, overlap_policy, start_at, end_at, max_runs, completion, async_timeout_s, heartbeat_timeout_s, tenant_id, state, run_at) SELECT
+  (INSERT INTO jobs (id, partition, target_id, name, payload, priority, schedule_kind, cron, cron_source, timezone, every_s, schedule_anchor_at, scheduled_for, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, dedup_key, parent_job_id, interval_mode, misfire_policy, misfire_grace_s, catch_up_limit, overlap_policy, jitter_s, start_at, end_at, max_runs, completion, async_timeout_s, heartbeat_timeout_s, tenant_id, state, run_at) SELECT
      :id::UUID AS id,
      :partition::SMALLINT AS partition,
      :target_id::UUID AS target_id,
@@ -29,6 +29,7 @@ WITH
      :priority::SMALLINT AS priority,
      :schedule_kind::VARCHAR AS schedule_kind,
      :cron::VARCHAR AS cron,
+     :cron_source::VARCHAR AS cron_source,
      :timezone::VARCHAR AS timezone,
      :every_s::INTEGER AS every_s,
      :schedule_anchor_at::TIMESTAMP WITH TIME ZONE AS
@@ -47,6 +48,7 @@ WITH
      :misfire_grace_s::FLOAT AS misfire_grace_s,
      :catch_up_limit::INTEGER AS catch_up_limit,
      :overlap_policy::VARCHAR AS overlap_policy,
+     :jitter_s::INTEGER AS jitter_s,
      :start_at::TIMESTAMP WITH TIME ZONE AS
      start_at,
      :end_at::TIMESTAMP WITH TIME ZONE AS
@@ -57,7 +59,7 @@ WITH
      :heartbeat_timeout_s::INTEGER AS heartbeat_timeout_s,
      :tenant_id::UUID AS tenant_id,
      CAST(:param_2::VARCHAR AS job_state) AS state,
-     :scheduled_for::TIMESTAMP WITH TIME ZONE AS run_at
+     :scheduled_for::TIMESTAMP WITH TIME ZONE + :fire_delay_ms::INTEGER * interval '1 millisecond' AS run_at
    FROM live_target ON CONFLICT (
                                    tenant_id,
                                    dedup_key)
@@ -76,6 +78,7 @@ WITH
      jobs.state,
      jobs.schedule_kind,
      jobs.cron,
+     jobs.cron_source,
      jobs.timezone,
      jobs.every_s,
      jobs.interval_mode,
@@ -83,6 +86,7 @@ WITH
      jobs.misfire_grace_s,
      jobs.catch_up_limit,
      jobs.overlap_policy,
+     jobs.jitter_s,
      jobs.start_at,
      jobs.end_at,
      jobs.max_runs,
@@ -131,6 +135,7 @@ SELECT
   created.state,
   created.schedule_kind,
   created.cron,
+  created.cron_source,
   created.timezone,
   created.every_s,
   created.interval_mode,
@@ -138,6 +143,7 @@ SELECT
   created.misfire_grace_s,
   created.catch_up_limit,
   created.overlap_policy,
+  created.jitter_s,
   created.start_at,
   created.end_at,
   created.max_runs,

@@ -37,7 +37,7 @@ WITH
      run_at=
      CASE
          WHEN (outcome.new_state = :new_state_2::VARCHAR) THEN now() + make_interval(:make_interval_1::INTEGER, :make_interval_2::INTEGER, :make_interval_3::INTEGER, :make_interval_4::INTEGER, :make_interval_5::INTEGER, :make_interval_6::INTEGER, CAST(outcome.retry_delay_s AS DOUBLE PRECISION))
-         WHEN (outcome.new_state = :new_state_1::VARCHAR) THEN CAST(outcome.next_at AS TIMESTAMP WITH TIME ZONE)
+         WHEN (outcome.new_state = :new_state_1::VARCHAR) THEN CAST(outcome.next_fire_at AS TIMESTAMP WITH TIME ZONE)
      END,
      attempt=
      CASE
@@ -65,18 +65,19 @@ WITH
                            OR outcome.new_state = :new_state_1::VARCHAR) THEN NULL
                      ELSE now()
                  END
-   FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_result::TEXT[]) AS outcome(id, lease_token, new_state, retry_delay_s, next_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, attempt, replica_id, started_at, duration_ms, outcome, result)
+   FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_result::TEXT[]) AS outcome(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, result)
    WHERE jobs.id = outcome.id
      AND jobs.state IN ('running')
      AND jobs.lease_token = outcome.lease_token RETURNING
      jobs.id,
      outcome.lease_token),
   written AS
-  (INSERT INTO runs (job_id, tenant_id, occurrence_id, scheduled_for, attempt, replica_id, started_at, status_code, duration_ms, outcome, error, lease_token, result, reported_at) SELECT
+  (INSERT INTO runs (job_id, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, status_code, duration_ms, outcome, error, lease_token, result, reported_at) SELECT
      ran.id AS id,
      ran.tenant_id AS tenant_id,
      ran.occurrence_id AS occurrence_id,
      ran.scheduled_for AS scheduled_for,
+     ran.fire_at AS fire_at,
      ran.attempt AS attempt,
      ran.replica_id AS replica_id,
      ran.started_at AS started_at,
@@ -87,7 +88,7 @@ WITH
      ran.lease_token AS lease_token,
      CAST(ran.result AS JSONB) AS result,
      now() AS now_1
-   FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_result::TEXT[]) AS ran(id, lease_token, new_state, retry_delay_s, next_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, attempt, replica_id, started_at, duration_ms, outcome, result)
+   FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_result::TEXT[]) AS ran(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, result)
    JOIN applied ON applied.id = ran.id
    AND applied.lease_token = ran.lease_token)
 SELECT

@@ -55,6 +55,7 @@ WHERE jobs.id = any(:ids::UUID[])
   jobs.misfire_grace_s,
   jobs.catch_up_limit,
   jobs.overlap_policy,
+  jobs.jitter_s,
   jobs.start_at,
   jobs.end_at,
   jobs.max_runs,

@@ -15,6 +15,7 @@ SELECT
   jobs.misfire_grace_s,
   jobs.catch_up_limit,
   jobs.overlap_policy,
+  jobs.jitter_s,
   jobs.start_at,
   jobs.end_at,
   jobs.max_runs,

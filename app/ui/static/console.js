@@ -54,7 +54,14 @@ function runResult(row, run) {
   if (run.fenced_at) parts.push(`late report refused ${when(run.fenced_at)}`);
   td.textContent = parts.length ? parts.join(" · ") : "–";
 }
-function schedule(job) { return job.cron ? `cron ${job.cron} (${job.timezone})` : job.every_s ? `every ${job.every_s}s` : "once"; }
+function schedule(job) {
+  const jitter = job.jitter_s ? `, jitter ${job.jitter_s}s` : "";
+  if (job.cron) {
+    const resolved = job.resolved_cron && job.resolved_cron !== job.cron ? ` = ${job.resolved_cron}` : "";
+    return `cron ${job.cron}${resolved} (${job.timezone})${jitter}`;
+  }
+  return job.every_s ? `every ${job.every_s}s${jitter}` : "once";
+}
 
 async function jobsPage() {
   let state = new URLSearchParams(location.search).get("state") || "";
@@ -132,7 +139,8 @@ async function jobPage() {
   const fires = $("#next-fires"); fires.replaceChildren();
   let times = [];
   if (job.cron && ["scheduled", "retrying", "running", "paused"].includes(job.state)) {
-    const q = new URLSearchParams({ cron: job.cron, timezone: job.timezone || "UTC", count: "5" });
+    // The resolved expression: hashed values (H) as this job has them.
+    const q = new URLSearchParams({ cron: job.resolved_cron || job.cron, timezone: job.timezone || "UTC", count: "5" });
     times = (await api(`/v1/schedules/preview?${q}`)).fire_times.map((f) => `${f.at} (${when(f.utc)})`);
   } else if (job.every_s && job.next_run_at) {
     const first = new Date(job.next_run_at).getTime();
