@@ -38,6 +38,10 @@ PROBLEM_EXTENSIONS: dict[str, dict[str, Any]] = {
         "description": "Completion reports: how the attempt ended, when known (409 `attempt-finished`, "
         "410 `attempt-fenced`)",
     },
+    "children": {
+        "type": "integer",
+        "description": "`job-has-children` (409): how many unfinished jobs are chained after the job",
+    },
     "limit": {
         "type": "string",
         "enum": ["max_active_jobs", "max_targets"],

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.api.chains import create_chained
 from app.api.checks import ensure_payload_fits
 from app.api.deps import admit_key, authenticate, client_address, fresh_connection
 from app.api.errors import Problem, problem_item
@@ -71,9 +72,13 @@ async def create_one(
     """A single create, after authentication (the route's, and the quick branch's for a key
     not known yet)."""
     prepared = await _planned(conn, creator, body, settings, quotas)
-    # The audit row is written by the same INSERT statement as the job (a data-modifying CTE):
-    # still one round trip, and in autocommit the job and its audit row commit together.
-    created = await job_create_checked(conn, creator.tenant_id, prepared, _create_audit(creator, request_id))
+    audit = _create_audit(creator, request_id)
+    if prepared.new.after is not None:
+        created = await create_chained(conn, creator.tenant_id, prepared, audit)
+    else:
+        # The audit row is written by the same INSERT statement as the job (a data-modifying
+        # CTE): one round trip, and in autocommit the job and its audit row commit together.
+        created = await job_create_checked(conn, creator.tenant_id, prepared, audit)
     if isinstance(created, NotCreated):
         raise not_created_problem(created)
     return job_public(created)
@@ -177,6 +182,8 @@ async def create_batch(
     batch: list[PreparedJob] = []
     for index, (item, job_id) in enumerate(zip(items, new_ids(len(items)), strict=True)):
         try:
+            if item.after is not None:
+                raise PlanError("after", "create chained jobs one at a time (POST /v1/jobs)")
             payload = ensure_payload_fits(item.payload, settings)
             new = plan_create(item, tenant_id, defaults, caller.now, job_id)
             check_job_within_limits(limits, new.schedule, new.policy, caller.now)
@@ -285,10 +292,12 @@ def _body_model(body: bytes) -> JobCreate | None:
     if not body:
         return None
     try:
-        return JobCreate.model_validate(json.loads(body))
+        model = JobCreate.model_validate(json.loads(body))
     except (ValueError, RecursionError, ValidationError):
         # ValueError covers JSONDecodeError and Unicode errors.
         return None
+    # A chained job takes its parent's lock in a transaction: the route's path.
+    return None if model.after is not None else model
 
 
 class KnownKeys:

@@ -142,6 +142,15 @@ def _job_arguments(parser: argparse.ArgumentParser, completion_default: str) -> 
     parser.add_argument(
         "--jitter", dest="jitter_s", type=int, metavar="SECONDS", help="recurring: fire each occurrence up to this late"
     )
+    parser.add_argument(
+        "--after", metavar="JOB_ID", help="instead of a schedule: run after each occurrence of this job"
+    )
+    parser.add_argument(
+        "--on", choices=("success", "failure", "any"), help="with --after: which outcome (default success)"
+    )
+    parser.add_argument(
+        "--payload-from", dest="payload_from", choices=("parent_result",), help="with --after: the parent's result"
+    )
     parser.add_argument("--priority", type=int)
     parser.add_argument("--max-attempts", type=int, dest="max_attempts")
     _completion_arguments(parser, completion_default)
@@ -168,7 +177,10 @@ def _add_job_commands(sub: Any) -> None:
         ("resume", "resume a paused job"),
         ("trigger", "one extra occurrence now"),
     ):
-        _verb(jobs, action, job_verbs.job_action(action), help_text).add_argument("id")
+        verb = _verb(jobs, action, job_verbs.job_action(action), help_text)
+        verb.add_argument("id")
+        if action == "cancel":
+            verb.add_argument("--cascade", action="store_true", help="also cancel the jobs chained after it")
     runs = _verb(jobs, "runs", job_verbs.jobs_runs, "a job's attempts, newest first (an open async attempt first)")
     runs.add_argument("id")
     runs.add_argument("--order", choices=("desc", "asc"), default="desc", help="desc: newest first (default)")

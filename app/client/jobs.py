@@ -38,17 +38,22 @@ WATCHED = ("state", "attempt", "runs", "last_status_code", "awaiting_completion"
 JOB_FIELDS = (
     "payload", "name", "cron", "timezone", "priority", "max_attempts", "completion", "async_timeout_s",
     "heartbeat_timeout_s", "start_at", "end_at", "max_runs", "overlap_policy", "misfire_policy",
-    "misfire_grace_s", "catch_up_limit", "interval_mode", "jitter_s",
+    "misfire_grace_s", "catch_up_limit", "interval_mode", "jitter_s", "payload_from",
 )  # fmt: skip
 
 
 def _schedule(job: dict[str, Any]) -> str:
+    jitter = f" jitter {job['jitter_s']}s" if job.get("jitter_s") else ""
     if job.get("cron"):
         resolved = job.get("resolved_cron")
         shown = job["cron"] if resolved in (None, job["cron"]) else f"{job['cron']} ({resolved})"
-        return f"cron {shown} {job.get('timezone') or 'UTC'}"
+        return f"cron {shown} {job.get('timezone') or 'UTC'}{jitter}"
     if job.get("every_s"):
-        return f"every {job['every_s']}s"
+        return f"every {job['every_s']}s{jitter}"
+    if job.get("after"):
+        return f"after {job['after']['job_id']} on {job['after']['on']}"
+    if job.get("cause_id"):
+        return f"once, caused by {job['cause_id']}"
     return "once"
 
 
@@ -123,6 +128,10 @@ def _job_body(args: argparse.Namespace) -> dict[str, Any]:
     for option, field in (("delay", "delay_s"), ("at", "run_at"), ("every", "every_s")):
         if getattr(args, option) is not None:
             body[field] = getattr(args, option)
+    if args.after is not None:
+        body["after"] = {"job_id": args.after, **({"on": args.on} if args.on else {})}
+    elif args.on is not None:
+        raise UsageError("--on goes with --after (the job this one runs after)")
     return body
 
 
@@ -130,7 +139,7 @@ def jobs_create(api: ApiClient, args: argparse.Namespace) -> Shown:
     body: dict[str, Any] = {"target_id": args.target, **_job_body(args)}
     if args.dedup_key is not None:
         body["dedup_key"] = args.dedup_key
-    if not any(k in body for k in ("delay_s", "run_at", "cron", "every_s")):
+    if not any(k in body for k in ("delay_s", "run_at", "cron", "every_s", "after")):
         body["delay_s"] = 0.001  # now
     return _job_detail(api.call("POST", "/v1/jobs", json=body), args.json)
 
@@ -155,6 +164,8 @@ def job_action(action: str) -> Handler:
     def handler(api: ApiClient, args: argparse.Namespace) -> Shown:
         if action == "get":
             return _job_detail(api.call("GET", f"/v1/jobs/{args.id}"), args.json)
+        if action == "cancel" and args.cascade:
+            return _job_detail(api.call("POST", f"/v1/jobs/{args.id}/cancel", params={"cascade": "true"}), args.json)
         return _job_detail(api.call("POST", f"/v1/jobs/{args.id}/{action}"), args.json)
 
     return handler

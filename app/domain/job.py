@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from app.domain.chains import ChainLink
 from app.domain.completion import SYNC, CompletionSettings
 from app.domain.lifecycle import AttemptContext, NextStep
 from app.domain.occurrences import Recurrence
@@ -63,6 +64,8 @@ class NewJob:
     # Its id when planning needed it (hashed cron values are resolved from it); else None,
     # and one is minted as it is prepared for insertion.
     id: uuid.UUID | None = None
+    # A chained job: runs after its parent's occurrences settle, with no fire time of its own.
+    after: ChainLink | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,8 @@ class ClaimedJob:
     target_max_in_flight: int | None = None
     # Sync, or async with its timeouts (the job's, else its target's).
     completion: CompletionSettings = SYNC
+    # An occurrence of a chained job: the parent occurrence that caused it.
+    cause_id: uuid.UUID | None = None
 
     @property
     def fire_at(self) -> dt.datetime | None:

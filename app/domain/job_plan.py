@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.domain.chains import ChainLink, ChainOn
 from app.domain.completion import heartbeat_fits
 from app.domain.cron_hash import has_hash
 from app.domain.job import JobCompletion, NewJob
@@ -110,6 +111,15 @@ class JobFields(Protocol):
     def heartbeat_timeout_s(self) -> int | None: ...
 
 
+class ChainFields(Protocol):
+    """A request's `after`: the parent and the outcome followed (None: success)."""
+
+    @property
+    def job_id(self) -> uuid.UUID: ...
+    @property
+    def on(self) -> ChainOn | None: ...
+
+
 class NewJobFields(JobFields, Protocol):
     """A create request: the job's own fields as well."""
 
@@ -123,6 +133,10 @@ class NewJobFields(JobFields, Protocol):
     def priority(self) -> int: ...
     @property
     def dedup_key(self) -> str | None: ...
+    @property
+    def after(self) -> ChainFields | None: ...
+    @property
+    def payload_from(self) -> str | None: ...
 
 
 def plan_create(
@@ -136,6 +150,10 @@ def plan_create(
     A cron expression with hashed values (`H`) is resolved from the job's id: `job_id`, or
     one minted here (the job then carries it)."""
     policy = retry_policy(fields, defaults)
+    if fields.after is not None:
+        return _plan_chained(fields, fields.after, tenant_id, policy, now)
+    if fields.payload_from is not None:
+        raise PlanError("payload_from", "applies only to a chained job (after)")
     if job_id is None and fields.cron is not None and has_hash(fields.cron):
         job_id = new_id()
     seed = None if job_id is None else hash_seed(tenant_id, job_id)
@@ -155,6 +173,31 @@ def plan_create(
         anchor_at=anchor_at,
         completion=job_completion(fields),
         id=job_id,
+    )
+
+
+def _plan_chained(
+    fields: NewJobFields, after: ChainFields, tenant_id: uuid.UUID, policy: RetryPolicy, now: dt.datetime
+) -> NewJob:
+    """A chained job: no schedule of its own (its occurrences come from its parent's), so no
+    schedule or recurrence field; it is armed from `now`."""
+    sent = fields.model_fields_set
+    for name in (*sorted(SCHEDULE_FIELDS), *RECURRENCE_FIELDS):
+        if name in sent and getattr(fields, name) is not None:
+            raise ScheduleError(name, "a chained job (after) runs when its parent settles: it takes no schedule")
+    link = ChainLink(after.job_id, after.on or ChainOn.SUCCESS, fields.payload_from)
+    return NewJob(
+        tenant_id=tenant_id,
+        target_id=fields.target_id,
+        name=fields.name,
+        payload=fields.payload,
+        priority=fields.priority,
+        schedule=OnceSchedule(now),
+        first_fire_at=now,
+        policy=policy,
+        dedup_key=fields.dedup_key,
+        completion=job_completion(fields),
+        after=link,
     )
 
 

@@ -66,6 +66,8 @@ class ScheduleKind(enum.StrEnum):
     ONCE = "once"
     CRON = "cron"
     INTERVAL = "interval"
+    # Runs after another job's occurrences settle (app/domain/chains.py): no fire time of its own.
+    AFTER = "after"
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,9 @@ def build_request(job: ClaimedJob, attempt_time: dt.datetime, completion_url: st
         f"cronhook-job-id: {job.id}\r\ncronhook-attempt: {job.attempt}\r\n"
         f"cronhook-scheduled-for: {scheduled_for}\r\ncronhook-fire-at: {fires}\r\n"
     )
+    if job.cause_id is not None:
+        # A chained job's occurrence names the parent occurrence it runs after (its webhook-id).
+        head += f"cronhook-cause-id: msg_{job.cause_id.hex}\r\n"
     if completion_url is not None:
         url_bytes = completion_url.encode()
         url_signature = sign(job.signing_secret, msg_id, timestamp, url_bytes)

@@ -29,6 +29,8 @@ _NOT_READ_ON_CLAIM = frozenset(
     | {"completion_token_hash", "last_heartbeat_at", "progress", "progress_message", "pause_requested_at"}
     # The expression as written: fire times need only the resolved one.
     | {"cron_source"}
+    # A chained job is never claimed; its occurrences' settling reads the mark when written.
+    | {"after_job_id", "after_on", "payload_from", "fires_children"}
 )
 
 # What a claimed job is read with (claim and reaper alike): the job, its target's delivery
@@ -198,6 +200,7 @@ def claimed_from_row(row: RowMapping, key_ring: KeyRing) -> ClaimedJob:
         occurrence_claimed_at=row["occurrence_claimed_at"],
         recurrence=None if isinstance(schedule, OnceSchedule) else _recurrence_from_row(row, schedule),
         occurrences_run=row["occurrences_run"],
+        cause_id=row["cause_id"],
         completion=_completion(
             row["completion_mode"], row["completion_async_timeout_s"], row["completion_heartbeat_timeout_s"]
         ),

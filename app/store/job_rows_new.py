@@ -22,7 +22,7 @@ from app.domain.job import NewJob
 from app.domain.occurrences import Recurrence
 from app.domain.partition import partition_for
 from app.domain.retry import RetryPolicy
-from app.domain.schedule import EARLIEST_RUN_AT, OnceSchedule, Schedule, jitter_delay
+from app.domain.schedule import EARLIEST_RUN_AT, OnceSchedule, Schedule, ScheduleKind, jitter_delay
 from app.ids import new_id, new_ids
 from app.store.job_rows import policy_columns, recurrence_columns, schedule_columns
 from app.store.tables import jobs
@@ -69,6 +69,10 @@ NEW_JOB_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("completion", Text()),
     ("async_timeout_s", Integer()),
     ("heartbeat_timeout_s", Integer()),
+    # A chained job's link (NULL each for any other: a batch sends them once).
+    ("after_job_id", _UUID),
+    ("after_on", Text()),
+    ("payload_from", Text()),
 )
 
 # What a create returns of the job it wrote: every column but an open async attempt's, which
@@ -129,6 +133,7 @@ assert COLUMN_NAMES == (
     *("dedup_key", "parent_job_id"),
     *_RECURRENCE_COLUMNS,
     *("completion", "async_timeout_s", "heartbeat_timeout_s"),
+    *("after_job_id", "after_on", "payload_from"),
 )
 _schedule_in_order = operator.itemgetter(*_SCHEDULE_COLUMNS)
 _policy_in_order = operator.itemgetter(*_POLICY_COLUMNS)
@@ -137,6 +142,9 @@ _ONCE = _schedule_in_order(schedule_columns(OnceSchedule(EARLIEST_RUN_AT)))
 _ONE_OFF = _recurrence_in_order(_ONE_OFF_RECURRENCE)
 # A job that sets no completion settings of its own: its target's apply.
 _INHERITED = (None, None, None)
+_UNCHAINED = (None, None, None)
+# A chained job's schedule columns: no fire time of its own.
+_AFTER = (ScheduleKind.AFTER, None, None, "UTC", None)
 
 
 @lru_cache(maxsize=1024)
@@ -156,6 +164,7 @@ def job_values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ..
     schedule = new.schedule
     recurrence = new.recurrence
     completion = new.completion
+    after = new.after
     return (
         prepared.id,
         partition_for(prepared.id),
@@ -163,10 +172,13 @@ def job_values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ..
         new.name,
         prepared.payload,
         new.priority,
-        *(_ONCE if isinstance(schedule, OnceSchedule) else _schedule_values(schedule)),
+        *(_AFTER if after is not None else _ONCE if isinstance(schedule, OnceSchedule) else _schedule_values(schedule)),
         new.anchor_at or new.first_fire_at,
         new.first_fire_at,
-        0
+        # run_at is scheduled_for plus this: NULL, no fire time, for a chained job.
+        None
+        if after is not None
+        else 0
         if recurrence is None or not recurrence.jitter_s
         else _fire_delay_ms(prepared.id, new.first_fire_at, recurrence),
         occurrence_id,
@@ -179,6 +191,7 @@ def job_values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ..
             if completion is None
             else (completion.mode, completion.async_timeout_s, completion.heartbeat_timeout_s)
         ),
+        *(_UNCHAINED if after is None else (after.parent_id, after.on.value, after.payload_from)),
     )
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import Text, and_, case, cast, func, literal, or_, select, updat
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.schedule import ScheduleKind
 from app.domain.states import CANCELLABLE_STATES, PAUSABLE_STATES, JobState
 from app.store.completions import job_open_attempt_for_cancel, run_insert_cancelled
 from app.store.job_inserts import job_insert_many
@@ -56,6 +57,7 @@ async def job_list(
     state: JobState | None = None,
     target_id: uuid.UUID | None = None,
     parent_job_id: uuid.UUID | None = None,
+    after_job_id: uuid.UUID | None = None,
     with_payload: bool = True,
     with_payload_bytes: bool = False,
 ) -> list[RowMapping]:
@@ -71,6 +73,8 @@ async def job_list(
         stmt = stmt.where(jobs.c.target_id == target_id)
     if parent_job_id is not None:
         stmt = stmt.where(jobs.c.parent_job_id == parent_job_id)
+    if after_job_id is not None:
+        stmt = stmt.where(jobs.c.after_job_id == after_job_id)
     if after is not None:
         created, ident = after
         stmt = stmt.where(or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < ident)))
@@ -141,7 +145,10 @@ async def job_resume(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.U
             (retrying, cast(literal(JobState.RETRYING.value), job_state)),
             else_=cast(literal(JobState.SCHEDULED.value), job_state),
         ),
-        "run_at": case((retrying, func.now()), else_=jobs.c.scheduled_for),
+        # A chained job has no fire time of its own: resumed, it is armed again.
+        "run_at": case(
+            (retrying, func.now()), (jobs.c.schedule_kind == ScheduleKind.AFTER, None), else_=jobs.c.scheduled_for
+        ),
     }
     return await _job_transition(conn, tenant_id, job_id, (JobState.PAUSED,), values)
 

@@ -13,14 +13,15 @@ import json
 import uuid
 from typing import Any
 
-from sqlalchemy import DateTime, Double, Integer, Text, bindparam, case, cast, func, select, update
+from sqlalchemy import DateTime, Double, Integer, Text, bindparam, case, cast, func, literal, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.driver import DriverStatement, driver_fetch_all
+from app.domain.chains import PARENT_RESULT, ChainOn, settled_as
 from app.domain.fire_times import Skipped
 from app.domain.job import AttemptOutcome, ClaimedJob, FinishedAttempt, RunOutcome
-from app.domain.schedule import jittered
+from app.domain.schedule import ScheduleKind, jittered
 from app.domain.states import JobState
 from app.store.dead_letters import dead_letter_insert_many
 from app.store.job_rows import NO_LEASE
@@ -50,6 +51,8 @@ _OUTCOME_COLUMNS: list[tuple[str, Any]] = [
     ("started_at", DateTime(timezone=True)),
     ("duration_ms", Integer),
     ("outcome", Text),
+    # How the attempt settled its occurrence for chained children (success, failure) or NULL.
+    ("settled", Text),
 ]
 
 
@@ -77,7 +80,13 @@ def _outcome_row(item: FinishedAttempt) -> tuple[Any, ...]:
         result.started_at,
         result.duration_ms,
         str(result.outcome),
+        _settled(item),
     )
+
+
+def _settled(item: FinishedAttempt) -> str | None:
+    settled = settled_as(item.result.outcome == RunOutcome.SUCCESS, item.step.dead_letter)
+    return None if settled is None else settled.value
 
 
 # A receiver's report on an async attempt (app/api/routes/completions.py): its result, and
@@ -130,7 +139,7 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
             finished_at=case((retrying | scheduled, None), else_=func.now()),
             ended_reason=cast(outcome.c.ended_reason, Text),
         )
-        .returning(jobs.c.id, outcome.c.lease_token)
+        .returning(jobs.c.id, outcome.c.lease_token, jobs.c.parent_job_id, jobs.c.fires_children)
         .cte("applied")
     )
     # The unnest is evaluated again for the runs (a second function scan of the same arrays,
@@ -159,7 +168,66 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
         *reports,
     ).join(applied, (applied.c.id == ran.c.id) & (applied.c.lease_token == ran.c.lease_token))
     written = insert(runs).from_select(run_columns, run_rows).cte("written")
-    return DriverStatement(select(applied.c.id, applied.c.lease_token).add_cte(written))
+    fired = _fire_children(applied, outcome.alias("settling"), reported).cte("fired")
+    return DriverStatement(select(applied.c.id, applied.c.lease_token).add_cte(written).add_cte(fired))
+
+
+def _fire_children(applied: Any, settling: Any, reported: bool) -> Any:
+    """The INSERT of one occurrence for each chained child of each occurrence settled here
+    (app/domain/chains.py): a one-off due now whose parent is the chained job and whose cause
+    is the settled occurrence, at most once per (chained job, cause). Only applied rows
+    marked fires_children are joined with their children, so settling any other job does not
+    probe the index of chained jobs."""
+    child = jobs.alias("child")
+    # The job whose occurrence settled: the row itself, or the job it carries an occurrence of.
+    source = func.coalesce(applied.c.parent_job_id, applied.c.id)
+    payload: Any = child.c.payload
+    if reported:
+        parent_result = cast(settling.c.result, JSONB)
+        from_parent = (child.c.payload_from == PARENT_RESULT) & settling.c.result.is_not(None)
+        payload = case((from_parent, parent_result), else_=child.c.payload)
+    now = func.now()
+    values: dict[str, Any] = {
+        "id": func.gen_random_uuid(),
+        # The chained job's partition: its occurrences are claimed where it lives.
+        "partition": child.c.partition,
+        "tenant_id": child.c.tenant_id,
+        "target_id": child.c.target_id,
+        "name": child.c.name,
+        "payload": payload,
+        "priority": child.c.priority,
+        "state": cast(literal(JobState.SCHEDULED.value), job_state),
+        "schedule_kind": literal(ScheduleKind.ONCE.value),
+        "schedule_anchor_at": now,
+        "scheduled_for": now,
+        "run_at": now,
+        "occurrence_id": func.gen_random_uuid(),
+        "max_attempts": child.c.max_attempts,
+        "backoff_base_s": child.c.backoff_base_s,
+        "backoff_max_s": child.c.backoff_max_s,
+        "backoff_factor": child.c.backoff_factor,
+        "completion": child.c.completion,
+        "async_timeout_s": child.c.async_timeout_s,
+        "heartbeat_timeout_s": child.c.heartbeat_timeout_s,
+        "parent_job_id": child.c.id,
+        "cause_id": settling.c.occurrence_id,
+        "fires_children": child.c.fires_children,
+    }
+    follows = (child.c.after_on == ChainOn.ANY.value) | (child.c.after_on == settling.c.settled)
+    rows = (
+        select(*(value.label(name) for name, value in values.items()))
+        .select_from(applied)
+        .join(settling, (settling.c.id == applied.c.id) & (settling.c.lease_token == applied.c.lease_token))
+        .join(child, (child.c.after_job_id == source) & (child.c.tenant_id == settling.c.tenant_id))
+        .where(applied.c.fires_children, settling.c.settled.is_not(None), child.c.state == JobState.SCHEDULED, follows)
+    )
+    return (
+        insert(jobs)
+        .from_select(list(values), rows)
+        .on_conflict_do_nothing(
+            index_elements=[jobs.c.parent_job_id, jobs.c.cause_id], index_where=text("cause_id IS NOT NULL")
+        )
+    )
 
 
 def finish_is_one_statement(items: list[FinishedAttempt]) -> bool:

@@ -35,7 +35,9 @@ async def run_list_for_job(
         return None
     # A job's runs include its children's: the occurrences it handed off or that were triggered.
     children = select(jobs.c.id).where(jobs.c.parent_job_id == job_id, jobs.c.tenant_id == tenant_id)
-    stmt = select(runs).where(or_(runs.c.job_id == job_id, runs.c.job_id.in_(children)))
+    # The chained occurrences' cause (their job's): the parent occurrence each ran after.
+    cause = select(jobs.c.cause_id).where(jobs.c.id == runs.c.job_id).scalar_subquery().label("cause_id")
+    stmt = select(runs, cause).where(or_(runs.c.job_id == job_id, runs.c.job_id.in_(children)))
     if cursor_id is not None:
         stmt = stmt.where(runs.c.id < cursor_id if newest_first else runs.c.id > cursor_id)
     stmt = stmt.order_by(runs.c.id.desc() if newest_first else runs.c.id).limit(limit)

@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.sql.elements import ColumnElement
 
+from app.domain.chains import ChainOn
 from app.domain.completion import ASYNC_OWNER, MAX_PROGRESS_MESSAGE_CHARS, CompletionMode
 from app.domain.job import RunOutcome
 from app.domain.occurrences import IntervalMode, MisfirePolicy, OverlapPolicy
@@ -271,6 +272,17 @@ jobs = Table(
     # The recurring job this one-off carries an occurrence of: a trigger, or (overlap_policy
     # allow) an occurrence handed off so the next can start while it is in flight.
     Column("parent_job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="SET NULL")),
+    # A chained job (schedule_kind after, app/domain/chains.py): its parent, the outcome it
+    # follows and where its payload comes from; armed while `scheduled` with no run_at.
+    Column("after_job_id", UUID(as_uuid=True)),
+    Column("after_on", Text),
+    Column("payload_from", Text),
+    # An occurrence of a chained job (a one-off whose parent_job_id is the chained job): the
+    # parent occurrence that caused it. (parent_job_id, cause_id) is unique: once per cause.
+    Column("cause_id", UUID(as_uuid=True)),
+    # Settling this job's occurrences may fire chained children: only such rows pay for the
+    # look-up (app/store/outcomes.py).
+    Column("fires_children", Boolean, nullable=False, server_default=text("false")),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("finished_at"),
@@ -296,8 +308,14 @@ jobs = Table(
         name="running_iff_leased",
     ),
     CheckConstraint(
-        f"({_STATE_CLAIMABLE}) = (run_at IS NOT NULL)",
+        f"({_STATE_CLAIMABLE} AND schedule_kind <> 'after') = (run_at IS NOT NULL)",
         name="waiting_iff_run_at",
+    ),
+    CheckConstraint(
+        "(schedule_kind = 'after') = (after_job_id IS NOT NULL AND after_on IS NOT NULL) "
+        f"AND (after_on IS NULL OR {_one_of('after_on', ChainOn)}) "
+        "AND (payload_from IS NULL OR payload_from = 'parent_result')",
+        name="after_fields_match_kind",
     ),
     CheckConstraint(f"completion IS NULL OR {_one_of('completion', CompletionMode)}", name="completion_valid"),
     CheckConstraint(
@@ -347,6 +365,9 @@ jobs = Table(
         postgresql_where=text(_STATE_LIVE),
     ),
     Index("ix_jobs_parent", "parent_job_id", postgresql_where=text("parent_job_id IS NOT NULL")),
+    # A parent's chained children (settling, cancelling), and one occurrence per cause.
+    Index("ix_jobs_after", "after_job_id", postgresql_where=text("after_job_id IS NOT NULL")),
+    Index("ix_jobs_cause", "parent_job_id", "cause_id", unique=True, postgresql_where=text("cause_id IS NOT NULL")),
     # Retention: finished jobs, oldest first (app/store/retention.py).
     Index(
         "ix_jobs_finished",

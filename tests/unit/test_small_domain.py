@@ -106,7 +106,7 @@ def test_schedule_kinds_in_the_contract_and_the_check_are_the_enum() -> None:
     assert set(contract) == {kind.value for kind in ScheduleKind}
     (check,) = (c for c in jobs.constraints if str(c.name).endswith("schedule_kind_valid"))
     assert isinstance(check, CheckConstraint)
-    assert str(check.sqltext) == "schedule_kind IN ('once', 'cron', 'interval')"
+    assert str(check.sqltext) == "schedule_kind IN ('once', 'cron', 'interval', 'after')"
 
 
 def test_a_connection_the_server_closed_is_reported_as_a_failed_connection() -> None:

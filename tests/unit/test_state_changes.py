@@ -21,12 +21,14 @@ from app.domain.states import (
     CHANGEABLE_STATES,
     CLAIMABLE_STATES,
     PAUSABLE_STATES,
+    TERMINAL_STATES,
     TRANSITIONS,
     JobState,
 )
 
 S = JobState
 RUNNING = (S.RUNNING,)  # the lease guard of every write on behalf of a claim
+LIVE = tuple(state for state in S if state not in TERMINAL_STATES)
 
 # (module, function): (states expected, states it may leave the job in). A state that is
 # also expected means "left as it was", which is not a transition.
@@ -57,6 +59,8 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     ("completions", "job_request_pause"): (RUNNING, (S.RUNNING,)),
     ("completions", "job_withdraw_pause"): (RUNNING, (S.RUNNING,)),
     ("completions", "job_apply_requested_pauses"): (PAUSABLE_STATES, (S.PAUSED,)),
+    # A parent whose settling must fire chained children is marked; its state stays.
+    ("chains", "job_mark_fires_children"): (LIVE, ()),
     # Every state app/domain/lifecycle.py's after_attempt can choose.
     ("outcomes", "job_finish_attempts"): (RUNNING, (S.SUCCEEDED, S.SCHEDULED, S.RETRYING, S.DEAD)),
 }

@@ -9,17 +9,20 @@ from fastapi import APIRouter
 from sqlalchemy.engine import RowMapping
 
 from app.api.audit import Audited
+from app.api.chains import lock_parent
 from app.api.checks import JOB_NOT_FOUND, ensure_payload_fits, existing_job, require_live_target
 from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.quota_checks import ensure_job_within_quotas, ensure_room_for_jobs
 from app.api.schemas.jobs import JobPublic, JobUpdate, job_public
+from app.domain.chains import ChainOn
 from app.domain.job import JobCompletion
-from app.domain.job_plan import COMPLETION_FIELDS, plan_one_off, plan_update
+from app.domain.job_plan import COMPLETION_FIELDS, RECURRENCE_FIELDS, SCHEDULE_FIELDS, plan_one_off, plan_update
 from app.domain.payload import payload_json
-from app.domain.schedule import hash_seed
+from app.domain.schedule import ScheduleKind, hash_seed
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
 from app.store import jobs as store
+from app.store.chains import job_mark_fires_children
 from app.store.completions import job_request_pause, job_withdraw_pause
 from app.store.job_rows import job_change_columns, policy_from_row, recurrence_from_row, schedule_from_row
 from app.store.job_rows_new import PreparedJob
@@ -88,7 +91,41 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn, quotas
         parent_job_id=row["id"],
         completion=JobCompletion(row["completion"], row["async_timeout_s"], row["heartbeat_timeout_s"]),
     )
-    return job_public(await store.job_create(conn, PreparedJob.of(new, payload_json(new.payload))))
+    created = await store.job_create(conn, PreparedJob.of(new, payload_json(new.payload)))
+    if row["fires_children"]:
+        # The occurrence it carries fires the job's chained children when it settles.
+        await job_mark_fires_children(conn, tenant_id, row["id"])
+    return job_public(created)
+
+
+async def _chain_changes(conn: Conn, tenant_id: uuid.UUID, row: RowMapping, body: JobUpdate) -> dict[str, Any]:
+    """What a PATCH changes of a chained job's link (after, payload_from). A chained job takes
+    no schedule, and a scheduled job does not become a chained one (create one instead)."""
+    given = body.model_fields_set
+    chained = row["schedule_kind"] == ScheduleKind.AFTER
+    if not chained:
+        for name in ("after", "payload_from"):
+            if name in given:
+                raise Problem(
+                    422, "applies only to a chained job: create one with after", slug="validation", field=name
+                )
+        return {}
+    for name in (*sorted(SCHEDULE_FIELDS), *RECURRENCE_FIELDS):
+        if name in given:
+            raise Problem(
+                422, "a chained job runs when its parent settles: it takes no schedule", slug="validation", field=name
+            )
+    changes: dict[str, Any] = {}
+    if "after" in given:
+        if body.after is None:
+            raise Problem(422, "a chained job needs its parent: cancel it instead", slug="validation", field="after")
+        if body.after.job_id != row["after_job_id"]:
+            await lock_parent(conn, tenant_id, body.after.job_id, child_id=row["id"])
+            await job_mark_fires_children(conn, tenant_id, body.after.job_id)
+        changes.update(after_job_id=body.after.job_id, after_on=(body.after.on or ChainOn.SUCCESS).value)
+    if "payload_from" in given:
+        changes["payload_from"] = body.payload_from
+    return changes
 
 
 @router.patch("/{job_id}", operation_id="updateJob")
@@ -118,6 +155,7 @@ async def update_job(
             raise Problem(422, "a job needs a target", slug="validation", field="target_id")
         await require_live_target(conn, tenant_id, body.target_id)
         changes["target_id"] = body.target_id
+    changes.update(await _chain_changes(conn, tenant_id, row, body))
     now = await store.db_now(conn)
     planned = plan_update(
         body,

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from app.api.audit import Audited, request_id_of
+from app.api.chains import chained_descendants, ensure_no_live_children
 from app.api.checks import JOB_NOT_FOUND, existing_job
 from app.api.deps import Conn, CreateConn, CreatorDep, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
@@ -104,6 +105,9 @@ async def list_jobs(
     state: JobState | None = None,
     target_id: uuid.UUID | None = None,
     parent_job_id: uuid.UUID | None = None,
+    after_job_id: Annotated[
+        uuid.UUID | None, Query(description="The jobs chained after this one (its children in a chain)")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
     include: IncludePayload = None,
@@ -119,6 +123,7 @@ async def list_jobs(
         state=state,
         target_id=target_id,
         parent_job_id=parent_job_id,
+        after_job_id=after_job_id,
         with_payload=False,
         with_payload_bytes=include is not None,
     )
@@ -135,9 +140,22 @@ async def get_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPubl
 
 
 @router.post("/{job_id}/cancel", operation_id="cancelJob", dependencies=[Audited])
-async def cancel_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn) -> JobPublic:
+async def cancel_job(
+    job_id: uuid.UUID,
+    tenant_id: TenantId,
+    conn: Conn,
+    cascade: Annotated[
+        bool,
+        Query(description="Also cancel the unfinished jobs chained after this one (without it, they make a 409)"),
+    ] = False,
+) -> JobPublic:
     row = await store.job_cancel(conn, tenant_id, job_id)
     if row is not None:
+        # Checked with the job's row locked by the cancel: no child can be added meanwhile.
+        if not cascade:
+            await ensure_no_live_children(conn, tenant_id, job_id)
+        for child in await chained_descendants(conn, tenant_id, job_id):
+            await store.job_cancel(conn, tenant_id, child)
         return job_public(row)
     existing = await existing_job(conn, tenant_id, job_id)
     raise Problem(

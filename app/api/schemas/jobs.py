@@ -6,10 +6,11 @@ import datetime as dt
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, JsonValue, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, JsonValue, WithJsonSchema
 
 from app.api.schemas.inputs import PlainText, RequestModel, Timestamp, check_json_payload
 from app.api.schemas.targets import AsyncTimeout, Completion, HeartbeatTimeout
+from app.domain.chains import ChainOn
 from app.domain.completion import ASYNC_OWNER, CompletionMode
 from app.domain.job import AWAITING_COMPLETION, RunOutcome
 from app.domain.occurrences import (
@@ -29,6 +30,16 @@ RUN_OUTCOMES = [o.value for o in RunOutcome] + [AWAITING_COMPLETION]
 
 # A delay reaches as far as a run_at may (ten years).
 MAX_DELAY_S = int(MAX_SCHEDULE_AHEAD.total_seconds())
+
+
+class ChainAfter(RequestModel):
+    """The job a chained job runs after, and which of its settled occurrences fire it."""
+
+    job_id: uuid.UUID = Field(description="The parent: a job of this tenant, not finished")
+    on: ChainOn | None = Field(
+        default=None,
+        description="success (default: an attempt succeeded), failure (the occurrence was dead-lettered) or any",
+    )
 
 
 class JobCreate(RequestModel):
@@ -94,6 +105,15 @@ class JobCreate(RequestModel):
     max_runs: Annotated[int | None, Field(strict=True, ge=1, le=10**9)] = Field(
         default=None, description="End the job after this many delivered occurrences"
     )
+    after: ChainAfter | None = Field(
+        default=None,
+        description="Instead of a schedule: run once each time an occurrence of this job settles (exactly once "
+        "per parent occurrence, which the delivery names in cronhook-cause-id)",
+    )
+    payload_from: Literal["parent_result"] | None = Field(
+        default=None,
+        description="Chained jobs: each occurrence's payload is the parent's completion result when it reported one",
+    )
 
 
 class JobUpdate(JobCreate):
@@ -101,6 +121,11 @@ class JobUpdate(JobCreate):
     delay_s, cron [+ timezone], every_s) replaces the old one and recomputes the next fire time."""
 
     target_id: uuid.UUID | None = None  # type: ignore[assignment]
+
+
+class ChainLinkPublic(BaseModel):
+    job_id: uuid.UUID
+    on: ChainOn
 
 
 class JobPublic(BaseModel):
@@ -111,7 +136,7 @@ class JobPublic(BaseModel):
     payload: JsonValue = Field(description="In lists, null unless `include=payload`")
     priority: int
     # ScheduleKind's values, spelled out so the contract shows them inline.
-    schedule_kind: Literal["once", "cron", "interval"]
+    schedule_kind: Literal["once", "cron", "interval", "after"]
     cron: str | None = Field(description="The cron expression as written")
     resolved_cron: str | None = Field(
         description="The expression the fire times follow: `cron` with each hashed value (`H`) resolved"
@@ -162,9 +187,19 @@ class JobPublic(BaseModel):
     pause_requested: bool = Field(
         description="Paused while an async attempt was open: the job is paused when the attempt ends"
     )
+    after: ChainLinkPublic | None = Field(description="A chained job: the job it runs after, and on which outcome")
+    payload_from: str | None = Field(description="A chained job: parent_result, or null (its own payload)")
+    cause_id: str | None = Field(
+        description="An occurrence of a chained job: the webhook-id of the parent occurrence that caused it"
+    )
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
+
+
+def _webhook_id(value: uuid.UUID | str | None) -> str | None:
+    """A parent occurrence's id as its deliveries named it (webhook-id)."""
+    return f"msg_{value.hex}" if isinstance(value, uuid.UUID) else value
 
 
 def _known_outcome(value: str) -> str:
@@ -180,6 +215,9 @@ class RunPublic(BaseModel):
         "(a trigger, or any occurrence under overlap_policy allow)"
     )
     scheduled_for: dt.datetime = Field(description="The occurrence's nominal fire time")
+    cause_id: Annotated[str | None, BeforeValidator(_webhook_id)] = Field(
+        default=None, description="An attempt of a chained job: the webhook-id of the parent occurrence it ran after"
+    )
     fire_at: dt.datetime | None = Field(
         default=None, description="A jittered occurrence's fire time (jitter_s); null when it was scheduled_for"
     )
@@ -290,6 +328,9 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         progress=row.get("progress"),
         progress_message=row.get("progress_message"),
         pause_requested=row.get("pause_requested_at") is not None,
+        after=None if row["after_job_id"] is None else ChainLinkPublic(job_id=row["after_job_id"], on=row["after_on"]),
+        payload_from=row["payload_from"],
+        cause_id=None if row["cause_id"] is None else f"msg_{row['cause_id'].hex}",
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],

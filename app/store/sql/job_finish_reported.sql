@@ -21,6 +21,11 @@
 --   :param_10 = None
 --   :param_11 = None
 --   :param_12 = None
+--   :payload_from_1 = 'parent_result'
+--   :param_13 = 'scheduled'
+--   :param_14 = 'once'
+--   :state_1 = 'scheduled'
+--   :after_on_1 = 'any'
 
 WITH
   applied AS
@@ -65,12 +70,14 @@ WITH
                            OR outcome.new_state = :new_state_1::VARCHAR) THEN NULL
                      ELSE now()
                  END
-   FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_result::TEXT[]) AS outcome(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, result)
+   FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS outcome(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result)
    WHERE jobs.id = outcome.id
      AND jobs.state IN ('running')
      AND jobs.lease_token = outcome.lease_token RETURNING
      jobs.id,
-     outcome.lease_token),
+     outcome.lease_token,
+     jobs.parent_job_id,
+     jobs.fires_children),
   written AS
   (INSERT INTO runs (job_id, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, status_code, duration_ms, outcome, error, lease_token, result, reported_at) SELECT
      ran.id AS id,
@@ -88,9 +95,50 @@ WITH
      ran.lease_token AS lease_token,
      CAST(ran.result AS JSONB) AS result,
      now() AS now_1
-   FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_result::TEXT[]) AS ran(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, result)
+   FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS ran(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result)
    JOIN applied ON applied.id = ran.id
-   AND applied.lease_token = ran.lease_token)
+   AND applied.lease_token = ran.lease_token),
+  fired AS
+  (INSERT INTO jobs (id, partition, tenant_id, target_id, name, payload, priority, state, schedule_kind, schedule_anchor_at, scheduled_for, run_at, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, completion, async_timeout_s, heartbeat_timeout_s, parent_job_id, cause_id, fires_children) SELECT
+     gen_random_uuid() AS id,
+     child.partition AS partition,
+     child.tenant_id AS tenant_id,
+     child.target_id AS target_id,
+     child.name AS name,
+     CASE
+         WHEN (child.payload_from = :payload_from_1::VARCHAR
+               AND settling.result IS NOT NULL) THEN CAST(settling.result AS JSONB)
+         ELSE child.payload
+     END AS payload,
+     child.priority AS priority,
+     CAST(:param_13::VARCHAR AS job_state) AS state,
+     :param_14::VARCHAR AS schedule_kind,
+     now() AS schedule_anchor_at,
+     now() AS scheduled_for,
+     now() AS run_at,
+     gen_random_uuid() AS occurrence_id,
+     child.max_attempts AS max_attempts,
+     child.backoff_base_s AS backoff_base_s,
+     child.backoff_max_s AS backoff_max_s,
+     child.backoff_factor AS backoff_factor,
+     child.completion AS completion,
+     child.async_timeout_s AS async_timeout_s,
+     child.heartbeat_timeout_s AS heartbeat_timeout_s,
+     child.id AS parent_job_id,
+     settling.occurrence_id AS cause_id,
+     child.fires_children AS fires_children
+   FROM applied
+   JOIN unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS settling(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result) ON applied.id = settling.id
+   AND settling.lease_token = applied.lease_token
+   JOIN jobs AS child ON child.after_job_id = coalesce(applied.parent_job_id, applied.id)
+   AND child.tenant_id = settling.tenant_id
+   WHERE applied.fires_children
+     AND settling.settled IS NOT NULL
+     AND child.state = :state_1::job_state
+     AND (child.after_on = :after_on_1::VARCHAR
+          OR child.after_on = settling.settled) ON CONFLICT (
+                                                               parent_job_id,
+                                                               cause_id) WHERE cause_id IS NOT NULL DO NOTHING)
 SELECT
   applied.id,
   applied.lease_token

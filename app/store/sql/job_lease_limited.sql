@@ -71,6 +71,7 @@ WHERE jobs.id = any(:ids::UUID[])
   jobs.lease_owner,
   jobs.lease_token,
   jobs.occurrences_run,
+  jobs.cause_id,
   CAST(jobs.payload AS TEXT) AS payload_json,
   targets.url,
   CAST(targets.headers AS TEXT) AS headers_json,

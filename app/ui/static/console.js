@@ -60,6 +60,7 @@ function schedule(job) {
     const resolved = job.resolved_cron && job.resolved_cron !== job.cron ? ` = ${job.resolved_cron}` : "";
     return `cron ${job.cron}${resolved} (${job.timezone})${jitter}`;
   }
+  if (job.after) return `after ${job.after.job_id.slice(0, 8)} (on ${job.after.on})`;
   return job.every_s ? `every ${job.every_s}s${jitter}` : "once";
 }
 
@@ -96,6 +97,34 @@ async function jobsPage() {
   }
   $("#jobs-more").onclick = () => load(true).catch(showError);
   await counts(); await load(false);
+}
+
+function jobLink(job) {
+  const a = document.createElement("a"); a.href = `/ui/jobs/${job.id}`; a.textContent = job.name || job.id;
+  return a;
+}
+
+// A job's place in chains: the jobs it runs after (up to the first), and those that run after it.
+async function showChain(job) {
+  const parents = [];
+  for (let link = job.after; link && parents.length < 10; ) {
+    const parent = await api(`/v1/jobs/${link.job_id}`);
+    parents.push([parent, link.on]);
+    link = parent.after;
+  }
+  const children = (await api(`/v1/jobs?${new URLSearchParams({ after_job_id: job.id, limit: "50" })}`)).items;
+  $("#chain").hidden = !parents.length && !children.length;
+  const up = $("#chain-parents"); up.replaceChildren();
+  parents.forEach(([parent, on], i) => {
+    if (i) up.append(" ← ");
+    up.append(jobLink(parent), ` (on ${on})`);
+  });
+  if (!parents.length) up.textContent = "–";
+  const down = $("#chain-children"); down.replaceChildren();
+  for (const child of children) {
+    const li = document.createElement("li"); li.append(jobLink(child), ` on ${child.after.on} · ${child.state}`);
+    down.append(li);
+  }
 }
 
 // An open attempt's page reloads itself while its receiver reports progress.
@@ -136,6 +165,7 @@ async function jobPage() {
     const dd = document.createElement("dd"); dd.textContent = value === null || value === undefined ? "–" : String(value);
     dl.append(dt, dd);
   }
+  await showChain(job);
   const fires = $("#next-fires"); fires.replaceChildren();
   let times = [];
   if (job.cron && ["scheduled", "retrying", "running", "paused"].includes(job.state)) {
@@ -150,7 +180,7 @@ async function jobPage() {
   const tbody = $("#runs tbody"); tbody.replaceChildren();
   for (const run of (await api(`/v1/jobs/${id}/runs?limit=100`)).items) {
     const row = tbody.insertRow();
-    cell(row, when(run.scheduled_for)); cell(row, run.attempt);
+    cell(row, when(run.scheduled_for)); cell(row, run.cause_id); cell(row, run.attempt);
     const outcome = cell(row, run.outcome === AWAITING ? "" : run.outcome); outcome.className = `outcome ${run.outcome}`;
     if (run.outcome === AWAITING) outcome.append(badge("awaiting completion"));
     cell(row, run.status_code); cell(row, run.duration_ms === null ? null : `${run.duration_ms} ms`);
