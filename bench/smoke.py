@@ -55,6 +55,7 @@ NEEDS: dict[str, set[str]] = {
     "list_memory": {"database"},
     "soak": {"database"},
     "lateness": {"database", "peers"},
+    "chains": {"database", "peers"},
     "scale": {"database", "peers"},
     "compare": {"peers"},
     "api_compare": {"peers"},

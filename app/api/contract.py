@@ -317,6 +317,17 @@ def webhook_operation() -> dict[str, Any]:
         "cronhook-scheduled-for": _header(
             "Nominal fire time of the occurrence (RFC 3339, UTC)", "2026-01-01T00:00:00Z"
         ),
+        "cronhook-fire-at": _header(
+            "When the occurrence was set to fire: cronhook-scheduled-for, or up to the job's jitter_s after it",
+            "2026-01-01T00:00:07.250000Z",
+        ),
+        "cronhook-cause-id": {
+            **_header(
+                "An occurrence of a chained job (`after`) only: the webhook-id of the parent occurrence it runs after",
+                "msg_9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d",
+            ),
+            "required": False,
+        },
     }
     return {
         "post": {

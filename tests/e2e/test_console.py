@@ -45,7 +45,7 @@ def _browser() -> WebDriver:
     return webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
 
 
-def _drive(server: LiveServer, shots: Path, cron_id: str, receiver_url: str) -> None:
+def _drive(server: LiveServer, shots: Path, cron_id: str, child_id: str, receiver_url: str) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -68,8 +68,9 @@ def _drive(server: LiveServer, shots: Path, cron_id: str, receiver_url: str) -> 
         counts = {
             td.get_attribute("data-count"): td.text for td in browser.find_elements(By.CSS_SELECTOR, "[data-count]")
         }
-        assert (counts["scheduled"], counts["succeeded"], counts["dead"]) == ("1", "1", "1")
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 3
+        # The nightly report and the job chained after it are scheduled.
+        assert (counts["scheduled"], counts["succeeded"], counts["dead"]) == ("2", "1", "1")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 4
         browser.save_screenshot(str(shots / "console.png"))
 
         browser.find_element(By.CSS_SELECTOR, "[data-state=dead]").click()
@@ -81,6 +82,13 @@ def _drive(server: LiveServer, shots: Path, cron_id: str, receiver_url: str) -> 
         fires = browser.find_elements(By.CSS_SELECTOR, "#next-fires li")
         assert len(fires) == 5 and all(":00:00+" in li.text for li in fires)
         browser.save_screenshot(str(shots / "console-job.png"))
+        # Its chain: the job that runs after it, linked.
+        assert not browser.find_element(By.ID, "chain").get_attribute("hidden")
+        (child,) = browser.find_elements(By.CSS_SELECTOR, "#chain-children li")
+        assert "load-warehouse" in child.text and "on success" in child.text
+        child.find_element(By.TAG_NAME, "a").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "chain-parents"), "nightly-report"))
+        assert browser.current_url.endswith(f"/ui/jobs/{child_id}")
 
         browser.get(f"{server.url}/ui/dead-letters")
         loaded()
@@ -146,8 +154,12 @@ async def test_the_console_in_headless_chromium(
             return len((await http.get("/v1/dead-letters")).json()["items"]) == 1
 
         await wait_for(dead_lettered, timeout=20, interval=0.2, message="a dead letter")
+        chained = await http.post(
+            "/v1/jobs", json={"target_id": target["id"], "name": "load-warehouse", "after": {"job_id": cron["id"]}}
+        )
+        assert chained.status_code == 201, chained.text
         receiver.default = Reply(status=200)
-        await asyncio.to_thread(_drive, server, shots, cron["id"], receiver.url())
+        await asyncio.to_thread(_drive, server, shots, cron["id"], chained.json()["id"], receiver.url())
     assert (shots / "console.png").stat().st_size > 10_000
     assert server.key not in procs.log("up") and server.admin_key not in procs.log("up")
 
