@@ -61,8 +61,13 @@ def downgrade() -> None:
     op.drop_index("ix_jobs_cause", "jobs")
     op.drop_index("ix_jobs_after", "jobs")
     op.drop_constraint("after_fields_match_kind", "jobs", type_="check")
+    # Chained jobs have no schedule the older schema can hold: they go (their occurrences,
+    # plain one-offs, stay).
+    op.execute("DELETE FROM jobs WHERE schedule_kind = 'after'")
     op.drop_constraint("waiting_iff_run_at", "jobs", type_="check")
-    op.create_check_constraint("waiting_iff_run_at", "jobs", "(state IN ('scheduled', 'retrying')) = (run_at IS NOT NULL)")
+    op.create_check_constraint(
+        "waiting_iff_run_at", "jobs", "(state IN ('scheduled', 'retrying')) = (run_at IS NOT NULL)"
+    )
     op.drop_constraint("schedule_kind_valid", "jobs", type_="check")
     op.create_check_constraint("schedule_kind_valid", "jobs", "schedule_kind IN ('once', 'cron', 'interval')")
     for column in ("fires_children", "cause_id", "payload_from", "after_on", "after_job_id"):
