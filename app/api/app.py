@@ -32,6 +32,7 @@ from app.api.routes import (
     job_control,
     jobs,
     metrics,
+    named_schedules,
     schedules,
     targets,
 )
@@ -133,6 +134,7 @@ def create_app(
         job_control.router,
         dead_letters.router,
         schedules.router,
+        named_schedules.router,
         audit.router,
         admin.router,
         cluster.router,

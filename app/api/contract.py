@@ -101,6 +101,7 @@ ERROR_DESCRIPTIONS = {
     404: "Not found (or owned by another tenant)",
     409: "Conflict with the resource's state",
     410: "The attempt has ended (rescued, retried, timed out or cancelled): the token is fenced",
+    412: "If-Match or If-None-Match did not hold: the schedule was changed, or exists, or does not",
     413: "Request body too large",
     422: "Invalid input; `errors` names each field",
     429: "Too many requests; see Retry-After",
@@ -123,8 +124,12 @@ CONFLICTS = frozenset(
         "triggerJob",
         "updateJob",
         "deleteTarget",
+        "putSchedule",
+        "deleteSchedule",
     }
 )
+# Conditional requests (If-Match, If-None-Match): a precondition that does not hold is a 412.
+CONDITIONAL_OPERATIONS = frozenset({"putSchedule"})
 # Operations taking CRONHOOK_ADMIN_API_KEY: no tenant, so no tenant request rate (429).
 ADMIN_OPERATIONS = frozenset(
     {
@@ -167,6 +172,8 @@ def error_statuses(operation: dict[str, Any]) -> list[int]:
         statuses |= {400, 413, 422}
     if op_id in CONFLICTS:
         statuses.add(409)
+    if op_id in CONDITIONAL_OPERATIONS:
+        statuses.add(412)
     if op_id in COMPLETION_OPERATIONS:
         return sorted(statuses | {409, 410, 429})
     if not operation.get("security") and op_id not in ADMIN_OPERATIONS:

@@ -30,6 +30,7 @@ TITLES = {
     405: "Method Not Allowed",
     409: "Conflict",
     410: "Gone",
+    412: "Precondition Failed",
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,7 @@ async def create_one(
 ) -> JobPublic:
     """A single create, after authentication (the route's, and the quick branch's for a key
     not known yet)."""
-    prepared = await _planned(conn, creator, body, settings, quotas)
+    prepared = await planned_job(conn, creator, body, settings, quotas)
     audit = _create_audit(creator, request_id)
     if prepared.new.after is not None:
         created = await create_chained(conn, creator.tenant_id, prepared, audit)
@@ -84,17 +84,36 @@ async def create_one(
     return job_public(created)
 
 
-async def _planned(
-    conn: AsyncConnection, caller: Caller, body: JobCreate, settings: Settings, quotas: Quotas
+async def planned_job(
+    conn: AsyncConnection,
+    caller: Caller,
+    body: JobCreate,
+    settings: Settings,
+    quotas: Quotas,
+    job_id: uuid.UUID | None = None,
 ) -> PreparedJob:
     """The job a create request makes, within the payload limit and the tenant's quotas, planned
-    against `caller.now`."""
+    against `caller.now`. With `job_id`: the definition an existing job is to have (a named
+    schedule's PUT), checked against the tenant's limits but not counted again."""
     payload = ensure_payload_fits(body.payload, settings)
-    new = plan_create(body, caller.tenant_id, settings.default_retry_policy, caller.now)
+    new = plan_create(body, caller.tenant_id, settings.default_retry_policy, caller.now, job_id)
     # Quotas: the tenant's limits and unfinished-job count are cached (app/api/quotas.py), so
     # this costs a round trip only when the cache lapses.
-    await ensure_job_within_quotas(conn, quotas, caller.tenant_id, new.schedule, new.policy, caller.now)
-    return PreparedJob.of(new, payload)
+    await ensure_job_within_quotas(
+        conn, quotas, caller.tenant_id, new.schedule, new.policy, caller.now, new_jobs=0 if job_id else 1
+    )
+    return PreparedJob.of(new, payload, job_id)
+
+
+async def create_prepared(
+    conn: AsyncConnection, tenant_id: uuid.UUID, prepared: PreparedJob, audit: JobAudit
+) -> Mapping[str, Any]:
+    """The job and its audit row, in the caller's transaction; the problem when it was not
+    written (nothing was)."""
+    created = await job_create_checked(conn, tenant_id, prepared, audit)
+    if isinstance(created, NotCreated):
+        raise not_created_problem(created)
+    return created
 
 
 def _create_audit(caller: Caller, request_id: str | None) -> JobAudit:
@@ -123,7 +142,7 @@ async def create_for_known_key(
         return None
     tenant_id = known.tenant_id
     try:
-        prepared = await _planned(conn, known, body, settings, quotas)
+        prepared = await planned_job(conn, known, body, settings, quotas)
     except (Problem, ScheduleError, PlanError):
         return None  # answered by create_one, after the key is checked (a revoked key is a 401)
     except Exception as exc:

@@ -283,6 +283,8 @@ jobs = Table(
     # Settling this job's occurrences may fire chained children: only such rows pay for the
     # look-up (app/store/outcomes.py).
     Column("fires_children", Boolean, nullable=False, server_default=text("false")),
+    # A named schedule's key (PUT /v1/schedules/{key}): unique among the tenant's unfinished jobs.
+    Column("schedule_key", Text),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("finished_at"),
@@ -368,6 +370,13 @@ jobs = Table(
     # A parent's chained children (settling, cancelling), and one occurrence per cause.
     Index("ix_jobs_after", "after_job_id", postgresql_where=text("after_job_id IS NOT NULL")),
     Index("ix_jobs_cause", "parent_job_id", "cause_id", unique=True, postgresql_where=text("cause_id IS NOT NULL")),
+    Index(
+        "ix_jobs_schedule_key",
+        "tenant_id",
+        "schedule_key",
+        unique=True,
+        postgresql_where=text(f"schedule_key IS NOT NULL AND {_STATE_LIVE}"),
+    ),
     # Retention: finished jobs, oldest first (app/store/retention.py).
     Index(
         "ix_jobs_finished",

@@ -130,6 +130,7 @@ class ChainLinkPublic(BaseModel):
 
 class JobPublic(BaseModel):
     id: uuid.UUID
+    key: str | None = Field(description="A named schedule's key (PUT /v1/schedules/{key}); null for other jobs")
     name: str | None
     target_id: uuid.UUID
     state: JobState
@@ -285,6 +286,7 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
     """`payload` for a row read without it (lists); absent, the row's own."""
     return JobPublic(
         id=row["id"],
+        key=row["schedule_key"],
         name=row["name"],
         target_id=row["target_id"],
         state=row["state"],
@@ -334,4 +336,12 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],
+    )
+
+
+class NamedSchedule(JobPublic):
+    """A named schedule after a PUT: its job, and what the PUT changed."""
+
+    changed: list[str] = Field(
+        description="The fields the PUT changed: all it set for a new schedule, none when it matched already"
     )

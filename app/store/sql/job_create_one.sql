@@ -113,6 +113,7 @@ WITH
      jobs.payload_from,
      jobs.cause_id,
      jobs.fires_children,
+     jobs.schedule_key,
      jobs.created_at,
      jobs.updated_at,
      jobs.finished_at),
@@ -175,6 +176,7 @@ SELECT
   created.payload_from,
   created.cause_id,
   created.fires_children,
+  created.schedule_key,
   created.created_at,
   created.updated_at,
   created.finished_at

@@ -129,6 +129,7 @@ FROM unnest(:id::UUID[], :partition::SMALLINT[], :target_id::UUID[], :name::TEXT
   jobs.payload_from,
   jobs.cause_id,
   jobs.fires_children,
+  jobs.schedule_key,
   jobs.created_at,
   jobs.updated_at,
   jobs.finished_at;
