@@ -129,7 +129,8 @@ class Settings(BaseSettings):
     # Bearer key for the operator endpoints (/v1/cluster); unset, they answer 403.
     admin_api_key: SecretStr | None = None
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
-    # The whole body of POST /v1/jobs/batch (each job's payload is still held to max_payload_bytes).
+    # The whole body of POST /v1/jobs/batch and PUT /v1/schedule-sets/{set} (each job's payload
+    # is still held to max_payload_bytes).
     max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
     # API worker processes sharing the listening socket (`cronhook api|up --workers`).
     api_workers: int = Field(default=1, ge=1, le=64)

@@ -56,6 +56,7 @@ NEEDS: dict[str, set[str]] = {
     "soak": {"database"},
     "lateness": {"database", "peers"},
     "chains": {"database", "peers"},
+    "schedule_sets": {"database"},
     "scale": {"database", "peers"},
     "compare": {"peers"},
     "api_compare": {"peers"},

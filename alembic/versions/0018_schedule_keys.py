@@ -27,9 +27,7 @@ def upgrade() -> None:
         "jobs",
         ["tenant_id", "schedule_key"],
         unique=True,
-        postgresql_where=sa.text(
-            "schedule_key IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled')"
-        ),
+        postgresql_where=sa.text("schedule_key IS NOT NULL AND state NOT IN ('succeeded', 'dead', 'cancelled')"),
     )
 
 

@@ -33,6 +33,7 @@ from app.api.routes import (
     jobs,
     metrics,
     named_schedules,
+    schedule_sets,
     schedules,
     targets,
 )
@@ -135,6 +136,7 @@ def create_app(
         dead_letters.router,
         schedules.router,
         named_schedules.router,
+        schedule_sets.router,
         audit.router,
         admin.router,
         cluster.router,
@@ -147,6 +149,8 @@ def create_app(
         BodySizeLimit,
         max_bytes=settings.max_payload_bytes + BODY_OVERHEAD_BYTES,
         by_path={BATCH_PATH: settings.max_batch_bytes},
+        # A set of thousands of schedules is one body, as a batch of jobs is.
+        by_prefix={"/v1/schedule-sets/": settings.max_batch_bytes},
     )
     # Added after BodySizeLimit, so it wraps everything above: nothing unexpected escapes to the server.
     app.add_middleware(CatchAll)
@@ -175,16 +179,33 @@ class BodySizeLimit:
     downstream ever sees a truncated request.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, by_path: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        by_path: dict[str, int] | None = None,
+        by_prefix: dict[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.default_max_bytes = max_bytes
         self.by_path = by_path or {}
+        # Paths with a name in them (a schedule set's): their limit by leading part.
+        self.by_prefix = by_prefix or {}
+
+    def _limit(self, path: str) -> int:
+        limit = self.by_path.get(path)
+        if limit is not None:
+            return limit
+        for prefix, prefix_limit in self.by_prefix.items():
+            if path.startswith(prefix):
+                return prefix_limit
+        return self.default_max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        max_bytes = self.by_path.get(scope["path"], self.default_max_bytes)
+        max_bytes = self._limit(scope["path"])
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
             await self._reject(scope, receive, send, max_bytes)

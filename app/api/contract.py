@@ -101,7 +101,7 @@ ERROR_DESCRIPTIONS = {
     404: "Not found (or owned by another tenant)",
     409: "Conflict with the resource's state",
     410: "The attempt has ended (rescued, retried, timed out or cancelled): the token is fenced",
-    412: "If-Match or If-None-Match did not hold: the schedule was changed, or exists, or does not",
+    412: "If-Match or If-None-Match did not hold: it changed since that ETag, or exists, or does not",
     413: "Request body too large",
     422: "Invalid input; `errors` names each field",
     429: "Too many requests; see Retry-After",
@@ -124,12 +124,15 @@ CONFLICTS = frozenset(
         "triggerJob",
         "updateJob",
         "deleteTarget",
+        "putTargetByName",
+        "getTargetByName",
         "putSchedule",
         "deleteSchedule",
+        "putScheduleSet",
     }
 )
 # Conditional requests (If-Match, If-None-Match): a precondition that does not hold is a 412.
-CONDITIONAL_OPERATIONS = frozenset({"putSchedule"})
+CONDITIONAL_OPERATIONS = frozenset({"putTargetByName", "putSchedule"})
 # Operations taking CRONHOOK_ADMIN_API_KEY: no tenant, so no tenant request rate (429).
 ADMIN_OPERATIONS = frozenset(
     {

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.types import Scope
@@ -24,6 +24,7 @@ from starlette.types import Scope
 from app.api.errors import Problem
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from app.api.quotas import Quotas
+from app.api.schemas.inputs import label_filter
 from app.db.errors import once_more_if_dead
 from app.db.watch import DB_WATCH
 from app.keyring import KeyRing
@@ -220,3 +221,18 @@ async def require_admin(settings: SettingsDep, credentials: Credentials) -> None
 
 
 Admin = Depends(require_admin)
+
+
+async def label_selectors(
+    label: Annotated[
+        list[str] | None,
+        Query(description="key=value: only what carries this label (repeatable: every one must hold)"),
+    ] = None,
+) -> dict[str, str] | None:
+    try:
+        return label_filter(label)
+    except ValueError as exc:
+        raise Problem(422, str(exc), slug="validation", field="label") from None
+
+
+LabelFilter = Annotated[dict[str, str] | None, Depends(label_selectors)]

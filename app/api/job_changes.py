@@ -90,6 +90,8 @@ async def change_job(
         changes["name"] = body.name
     if "priority" in given:
         changes["priority"] = body.priority
+    if "labels" in given:
+        changes["labels"] = body.labels or {}
     if "target_id" in given:
         if body.target_id is None:
             raise Problem(422, "a job needs a target", slug="validation", field="target_id")

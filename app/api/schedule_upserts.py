@@ -102,12 +102,27 @@ def row_definition(row: Any) -> dict[str, Any]:
         "heartbeat_timeout_s": row["heartbeat_timeout_s"],
         "after": None if row["after_job_id"] is None else {"job_id": row["after_job_id"], "on": row["after_on"]},
         "payload_from": row["payload_from"],
+        "labels": row["labels"] or None,
     }
     if kind in ("cron", "interval"):
         definition.update({name: _plain(row[name]) for name in _RECURRENCE})
         if kind != "interval":
             definition["interval_mode"] = None
     return definition
+
+
+def schedule_definition(row: Any) -> dict[str, Any]:
+    """A named schedule as a PUT states it: its key and set, and its definition's fields that
+    are set (JSON-ready: ids and instants as text)."""
+    definition = {name: _json(value) for name, value in row_definition(row).items() if value is not None}
+    kind = definition.pop("schedule_kind")
+    if kind == "once":
+        definition.pop("timezone", None)
+    if "after" in definition:
+        definition["after"] = {name: _json(value) for name, value in definition["after"].items()}
+    if "payload" not in definition:
+        definition["payload"] = None
+    return {"key": row["schedule_key"], "set": row["schedule_set"], **definition}
 
 
 def new_definition(new: NewJob) -> dict[str, Any]:
@@ -134,6 +149,7 @@ def new_definition(new: NewJob) -> dict[str, Any]:
         "heartbeat_timeout_s": None if completion is None else completion.heartbeat_timeout_s,
         "after": None if new.after is None else {"job_id": new.after.parent_id, "on": new.after.on.value},
         "payload_from": None if new.after is None else new.after.payload_from,
+        "labels": new.labels or None,
     }
     rec = new.recurrence
     if rec is not None:
@@ -173,7 +189,7 @@ def _differences(current: dict[str, Any], desired: dict[str, Any]) -> list[str]:
     return sorted(name for name in desired.keys() | current.keys() if current.get(name) != desired.get(name))
 
 
-def _update_of(new: NewJob, changed: list[str], body: JobCreate) -> JobUpdate:
+def update_of(new: NewJob, changed: list[str], body: JobCreate) -> JobUpdate:
     """The PATCH that makes the job's definition `new`: each changed field with its planned
     value (a default spelled out, so it replaces what the job had)."""
     desired = new_definition(new)
@@ -252,5 +268,5 @@ async def put_schedule(
             slug="validation",
             field="after",
         )
-    updated = await change_job(conn, tenant_id, row, _update_of(desired, changed, body), settings, quotas)
+    updated = await change_job(conn, tenant_id, row, update_of(desired, changed, body), settings, quotas)
     return Upserted(updated, False, [name for name in changed if name != "schedule_kind"] or changed)

@@ -20,8 +20,8 @@ Handler = Callable[[ApiClient, argparse.Namespace], Shown | None]
 
 JOB_COLUMNS = ("id", "name", "state", "schedule", "next_run_at", "attempt", "last_status_code")
 JOB_DETAIL = (
-    "id", "name", "state", "target_id", "schedule", "completion", "priority", "next_run_at", "attempt",
-    "max_attempts", "runs", "last_status_code", "last_error", "payload", "created_at",
+    "id", "key", "name", "labels", "state", "target_id", "schedule", "completion", "priority", "next_run_at",
+    "attempt", "max_attempts", "runs", "last_status_code", "last_error", "payload", "created_at",
 )  # fmt: skip
 RUN_COLUMNS = ("scheduled_for", "attempt", "outcome", "status_code", "duration_ms", "finished_at", "error")
 # Async runs (open, or finished with a receiver's report) add a column after the outcome.

@@ -66,6 +66,8 @@ class NewJob:
     id: uuid.UUID | None = None
     # A chained job: runs after its parent's occurrences settle, with no fire time of its own.
     after: ChainLink | None = None
+    # Key/value pairs to find the job by.
+    labels: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

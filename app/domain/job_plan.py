@@ -137,6 +137,8 @@ class NewJobFields(JobFields, Protocol):
     def after(self) -> ChainFields | None: ...
     @property
     def payload_from(self) -> str | None: ...
+    @property
+    def labels(self) -> dict[str, str] | None: ...
 
 
 def plan_create(
@@ -173,6 +175,7 @@ def plan_create(
         anchor_at=anchor_at,
         completion=job_completion(fields),
         id=job_id,
+        labels=fields.labels,
     )
 
 
@@ -198,6 +201,7 @@ def _plan_chained(
         dedup_key=fields.dedup_key,
         completion=job_completion(fields),
         after=link,
+        labels=fields.labels,
     )
 
 

@@ -80,7 +80,8 @@ def _insert_select(new: Any, tenant_id: ColumnElement[Any]) -> Select[Any]:
     values: dict[str, ColumnElement[Any]] = {name: _value(new, name) for name, _ in NEW_JOB_COLUMNS}
     payload = cast(values["payload"], JSONB)
     state = cast(literal(JobState.SCHEDULED.value), job_state)
-    values.update(tenant_id=tenant_id, payload=payload, state=state, run_at=_run_at(values))
+    labels = cast(values["labels"], JSONB)
+    values.update(tenant_id=tenant_id, payload=payload, state=state, run_at=_run_at(values), labels=labels)
     del values["fire_delay_ms"]
     return select(*(value.label(name) for name, value in values.items()))
 
@@ -136,6 +137,7 @@ def create_one_statement(key_checked: bool) -> DriverStatement:
     values.update(
         tenant_id=_TENANT_ID,
         payload=cast(values["payload"], JSONB),
+        labels=cast(values["labels"], JSONB),
         state=cast(literal(JobState.SCHEDULED.value), job_state),
         run_at=_run_at(values),
     )

@@ -30,7 +30,9 @@ _NOT_READ_ON_CLAIM = frozenset(
     # The expression as written: fire times need only the resolved one.
     | {"cron_source"}
     # A chained job is never claimed; its occurrences' settling reads the mark when written.
-    | {"after_job_id", "after_on", "payload_from", "fires_children", "schedule_key"}
+    | {"after_job_id", "after_on", "payload_from", "fires_children", "schedule_key", "schedule_set"}
+    # Labels are for finding jobs, not delivering them.
+    | {"labels"}
 )
 
 # What a claimed job is read with (claim and reaper alike): the job, its target's delivery

@@ -7,6 +7,7 @@ app/store/job_inserts.py. The payload arrives as text, encoded above the store
 from __future__ import annotations
 
 import datetime as dt
+import json
 import operator
 import uuid
 from collections.abc import Sequence
@@ -73,6 +74,8 @@ NEW_JOB_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("after_job_id", _UUID),
     ("after_on", Text()),
     ("payload_from", Text()),
+    # Labels as JSON text, cast in SQL ('{}' for most: a batch sends it once).
+    ("labels", Text()),
 )
 
 # What a create returns of the job it wrote: every column but an open async attempt's, which
@@ -134,6 +137,7 @@ assert COLUMN_NAMES == (
     *_RECURRENCE_COLUMNS,
     *("completion", "async_timeout_s", "heartbeat_timeout_s"),
     *("after_job_id", "after_on", "payload_from"),
+    "labels",
 )
 _schedule_in_order = operator.itemgetter(*_SCHEDULE_COLUMNS)
 _policy_in_order = operator.itemgetter(*_POLICY_COLUMNS)
@@ -143,6 +147,7 @@ _ONE_OFF = _recurrence_in_order(_ONE_OFF_RECURRENCE)
 # A job that sets no completion settings of its own: its target's apply.
 _INHERITED = (None, None, None)
 _UNCHAINED = (None, None, None)
+_NO_LABELS = "{}"
 # A chained job's schedule columns: no fire time of its own.
 _AFTER = (ScheduleKind.AFTER, None, None, "UTC", None)
 
@@ -192,6 +197,7 @@ def job_values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ..
             else (completion.mode, completion.async_timeout_s, completion.heartbeat_timeout_s)
         ),
         *(_UNCHAINED if after is None else (after.parent_id, after.on.value, after.payload_from)),
+        _NO_LABELS if not new.labels else json.dumps(new.labels, sort_keys=True, separators=(",", ":")),
     )
 
 

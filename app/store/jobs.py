@@ -58,6 +58,7 @@ async def job_list(
     target_id: uuid.UUID | None = None,
     parent_job_id: uuid.UUID | None = None,
     after_job_id: uuid.UUID | None = None,
+    labels: dict[str, str] | None = None,
     with_payload: bool = True,
     with_payload_bytes: bool = False,
 ) -> list[RowMapping]:
@@ -75,6 +76,8 @@ async def job_list(
         stmt = stmt.where(jobs.c.parent_job_id == parent_job_id)
     if after_job_id is not None:
         stmt = stmt.where(jobs.c.after_job_id == after_job_id)
+    if labels:
+        stmt = stmt.where(jobs.c.labels.contains(labels))
     if after is not None:
         created, ident = after
         stmt = stmt.where(or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < ident)))

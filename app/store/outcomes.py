@@ -212,6 +212,7 @@ def _fire_children(applied: Any, settling: Any, reported: bool) -> Any:
         "parent_job_id": child.c.id,
         "cause_id": settling.c.occurrence_id,
         "fires_children": child.c.fires_children,
+        "labels": child.c.labels,
     }
     follows = (child.c.after_on == ChainOn.ANY.value) | (child.c.after_on == settling.c.settled)
     rows = (

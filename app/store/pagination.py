@@ -49,3 +49,15 @@ def decode_int_cursor(cursor: str) -> int:
         return number
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidCursor("invalid cursor") from exc
+
+
+def decode_text_cursor(cursor: str) -> str:
+    """A cursor holding one text value (a key): encode_cursor(key)."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        (value,) = json.loads(base64.urlsafe_b64decode(padded))
+        if not isinstance(value, str):
+            raise TypeError("cursor value must be a string")
+        return value
+    except (ValueError, TypeError) as exc:
+        raise InvalidCursor("invalid cursor") from exc

@@ -178,6 +178,8 @@ targets = Table(
     Column("heartbeat_timeout_s", Integer),
     # Whether open asynchronous attempts count against max_in_flight (they do by default).
     Column("async_counts_in_flight", Boolean, nullable=False, server_default=text("true")),
+    # Key/value pairs to find targets by (?label=team=payments).
+    Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("deleted_at"),
@@ -285,6 +287,10 @@ jobs = Table(
     Column("fires_children", Boolean, nullable=False, server_default=text("false")),
     # A named schedule's key (PUT /v1/schedules/{key}): unique among the tenant's unfinished jobs.
     Column("schedule_key", Text),
+    # The declarative set a named schedule belongs to (PUT /v1/schedule-sets/{set}), if any.
+    Column("schedule_set", Text),
+    # Key/value pairs to find jobs by (?label=team=payments); at most 16 (the API's check).
+    Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("finished_at"),

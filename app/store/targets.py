@@ -27,6 +27,7 @@ from app.store.tables import jobs, state_in, targets
 PUBLIC_COLUMNS = (
     targets.c.id,
     targets.c.name,
+    targets.c.labels,
     targets.c.url,
     targets.c.headers,
     targets.c.timeout_s,
@@ -77,9 +78,10 @@ async def target_create(
     max_in_flight: int | None = None,
     rate_per_s: float | None = None,
     completion: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> tuple[RowMapping, str]:
-    """`completion`: the completion columns set (app/domain/completion.py), else defaults."""
-    """Returns the public row and the new signing secret."""
+    """The public row and the new signing secret. `completion`: the completion columns set
+    (app/domain/completion.py), else their defaults."""
     secret = new_signing_secret()
     stmt = (
         targets.insert()
@@ -93,6 +95,7 @@ async def target_create(
             max_in_flight=max_in_flight,
             rate_per_s=rate_per_s,
             **(completion or {}),
+            labels=labels or {},
             signing_secret=key_ring.seal(secret, SIGNING_SECRET),
         )
         .returning(*PUBLIC_COLUMNS)
@@ -107,9 +110,15 @@ async def target_get(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uui
 
 
 async def target_list(
-    conn: AsyncConnection, tenant_id: uuid.UUID, limit: int, after: tuple[dt.datetime, uuid.UUID] | None
+    conn: AsyncConnection,
+    tenant_id: uuid.UUID,
+    limit: int,
+    after: tuple[dt.datetime, uuid.UUID] | None,
+    labels: dict[str, str] | None = None,
 ) -> list[RowMapping]:
     stmt = select(*PUBLIC_COLUMNS).where(target_live(tenant_id))
+    if labels:
+        stmt = stmt.where(targets.c.labels.contains(labels))
     if after is not None:
         created, ident = after
         stmt = stmt.where(

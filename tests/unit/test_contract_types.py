@@ -75,6 +75,7 @@ def test_each_default_the_server_fills_in_is_in_the_description(contract: dict[s
                 said[f"{name}.{field}"] = prop["default"]
     assert said == {
         "JobCreate.priority": 0,
+        "SetItem.priority": 0,
         "DeadLetterBulkReplay.include_replayed": False,
         "DeadLetterBulkReplay.limit": 100,
         "DeadLetterBulkReplay.rate_per_s": 10.0,

@@ -61,6 +61,8 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     ("completions", "job_apply_requested_pauses"): (PAUSABLE_STATES, (S.PAUSED,)),
     # A named schedule's new job gets its key; its state stays.
     ("schedule_keys", "job_set_key"): ((S.SCHEDULED, S.PAUSED), ()),
+    # A set's new and adopted schedules get their keys and set; their state stays.
+    ("schedule_keys", "job_name_many"): (LIVE, ()),
     # A parent whose settling must fire chained children is marked; its state stays.
     ("chains", "job_mark_fires_children"): (LIVE, ()),
     # Every state app/domain/lifecycle.py's after_attempt can choose.

@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 from app.api.audit import Audited, request_id_of
 from app.api.chains import chained_descendants, ensure_no_live_children
 from app.api.checks import JOB_NOT_FOUND, existing_job
-from app.api.deps import Conn, CreateConn, CreatorDep, QuotasDep, SettingsDep, TenantId
+from app.api.deps import Conn, CreateConn, CreatorDep, LabelFilter, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.job_creates import CREATE_JOB, QuickCreate, create_one
@@ -108,6 +108,7 @@ async def list_jobs(
     after_job_id: Annotated[
         uuid.UUID | None, Query(description="The jobs chained after this one (its children in a chain)")
     ] = None,
+    labels: LabelFilter = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
     include: IncludePayload = None,
@@ -124,6 +125,7 @@ async def list_jobs(
         target_id=target_id,
         parent_job_id=parent_job_id,
         after_job_id=after_job_id,
+        labels=labels,
         with_payload=False,
         with_payload_bytes=include is not None,
     )

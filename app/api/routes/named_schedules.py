@@ -10,12 +10,14 @@ from fastapi.responses import JSONResponse
 
 from app.api.audit import Audited, request_id_of
 from app.api.chains import chained_descendants, ensure_no_live_children
-from app.api.deps import CallerDep, Conn, QuotasDep, SettingsDep, TenantId
+from app.api.deps import CallerDep, Conn, LabelFilter, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
-from app.api.schedule_upserts import check_key, etag, put_schedule
+from app.api.schedule_upserts import check_key, etag, put_schedule, schedule_definition
 from app.api.schemas.jobs import JobCreate, JobPublic, NamedSchedule, job_public
+from app.api.schemas.pages import Page, page_of
 from app.store import jobs as store
-from app.store.schedule_keys import job_by_key, job_lock_by_key
+from app.store.pagination import decode_text_cursor, encode_cursor
+from app.store.schedule_keys import job_by_key, job_lock_by_key, schedule_list
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"], dependencies=[Audited])
 
@@ -30,6 +32,23 @@ KeyPath = Annotated[
 _ETAG_HEADER = {
     "ETag": {"description": "The schedule's definition: send it back in If-Match", "schema": {"type": "string"}}
 }
+
+
+@router.get("", operation_id="listSchedules", response_model=Page[dict[str, Any]])
+async def list_named_schedules(
+    tenant_id: TenantId,
+    conn: Conn,
+    set_name: Annotated[str | None, Query(alias="set", description="Only the schedules of this set")] = None,
+    labels: LabelFilter = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 200,
+    cursor: str | None = None,
+) -> Page[dict[str, Any]]:
+    """The tenant's named schedules by key, each as its definition: a body PUT /v1/schedules/
+    {key} (or an item of a set's PUT) would take, with its `key` and `set`. Putting them back
+    changes nothing (`cronhook export`)."""
+    after = decode_text_cursor(cursor) if cursor else None
+    rows = await schedule_list(conn, tenant_id, set_name, limit + 1, after, labels)
+    return page_of(rows, limit, schedule_definition, lambda row: encode_cursor(row["schedule_key"]))
 
 
 @router.put(

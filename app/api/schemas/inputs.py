@@ -11,7 +11,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, 
 
 from app.domain.payload import check_json_payload, is_storable_text
 
-__all__ = ["PlainText", "RequestModel", "Timestamp", "check_json_payload"]
+__all__ = ["Labels", "PlainText", "RequestModel", "Timestamp", "check_json_payload", "label_filter"]
 
 
 class RequestModel(BaseModel):
@@ -44,3 +44,37 @@ def _plain_text(value: str) -> str:
 
 
 PlainText = Annotated[str, AfterValidator(_plain_text)]
+
+
+# Labels on jobs and targets: a few short key/value pairs to find things by (`?label=team=payments`).
+MAX_LABELS = 16
+_LABEL_KEY = re.compile(r"[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+def _labels(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > MAX_LABELS:
+        raise ValueError(f"at most {MAX_LABELS} labels")
+    for key, text in value.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise ValueError(f"label key {key[:70]!r}: 1-63 of a-z 0-9 . _ / -, starting and ending alphanumeric")
+        if text and not _LABEL_VALUE.fullmatch(text):
+            raise ValueError(f"label {key!r}: values are 0-63 of A-Z a-z 0-9 . _ -, starting and ending alphanumeric")
+    return value
+
+
+Labels = Annotated[dict[str, str], AfterValidator(_labels)]
+
+
+def label_filter(selectors: list[str] | None) -> dict[str, str] | None:
+    """`?label=key=value` (repeatable: all must hold) as the labels a row must contain; a
+    selector that is not key=value is a ValueError naming it."""
+    if not selectors:
+        return None
+    wanted: dict[str, str] = {}
+    for selector in selectors:
+        key, sep, text = selector.partition("=")
+        if not sep or not _LABEL_KEY.fullmatch(key):
+            raise ValueError(f"label selector {selector[:80]!r}: give key=value, e.g. team=payments")
+        wanted[key] = text
+    return wanted

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, JsonValue, WithJsonSchema
 
-from app.api.schemas.inputs import PlainText, RequestModel, Timestamp, check_json_payload
+from app.api.schemas.inputs import Labels, PlainText, RequestModel, Timestamp, check_json_payload
 from app.api.schemas.targets import AsyncTimeout, Completion, HeartbeatTimeout
 from app.domain.chains import ChainOn
 from app.domain.completion import ASYNC_OWNER, CompletionMode
@@ -114,6 +114,11 @@ class JobCreate(RequestModel):
         default=None,
         description="Chained jobs: each occurrence's payload is the parent's completion result when it reported one",
     )
+    labels: Labels | None = Field(
+        default=None,
+        description="Up to 16 key/value pairs to find the job by (`?label=team=payments`); keys 1-63 of "
+        "a-z 0-9 . _ / -, values 0-63 of A-Z a-z 0-9 . _ -",
+    )
 
 
 class JobUpdate(JobCreate):
@@ -131,6 +136,8 @@ class ChainLinkPublic(BaseModel):
 class JobPublic(BaseModel):
     id: uuid.UUID
     key: str | None = Field(description="A named schedule's key (PUT /v1/schedules/{key}); null for other jobs")
+    set: str | None = Field(description="The schedule set the named schedule belongs to (PUT /v1/schedule-sets/{set})")
+    labels: dict[str, str] = Field(description="Key/value pairs to find the job by")
     name: str | None
     target_id: uuid.UUID
     state: JobState
@@ -287,6 +294,8 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
     return JobPublic(
         id=row["id"],
         key=row["schedule_key"],
+        set=row["schedule_set"],
+        labels=row["labels"],
         name=row["name"],
         target_id=row["target_id"],
         state=row["state"],

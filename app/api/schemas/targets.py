@@ -1,4 +1,4 @@
-"""Targets: create, update and public models, and what a target's URL and headers may be."""
+"""Targets: create, update, put-by-name and public models, and what a target's URL and headers may be."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, Field, StrictInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from app.api.schemas.inputs import PlainText, RequestModel
+from app.api.schemas.inputs import Labels, PlainText, RequestModel
 from app.domain.completion import (
     DEFAULT_ASYNC_TIMEOUT_S,
     MAX_ASYNC_TIMEOUT_S,
@@ -165,8 +165,14 @@ def check_async_timeouts(async_timeout_s: int | None, heartbeat_timeout_s: int |
         raise PydanticCustomError("heartbeat_too_long", "heartbeat_timeout_s must not exceed async_timeout_s")
 
 
-class TargetCreate(RequestModel):
-    name: Annotated[PlainText, Field(min_length=1, max_length=200)]
+# A target's name: free text, not unique (PUT /v1/targets/by-name/{name} refuses an ambiguous one).
+TargetName = Annotated[PlainText, Field(min_length=1, max_length=200)]
+
+
+class TargetDefinition(RequestModel):
+    """What a target is, but its name: the body of PUT /v1/targets/by-name/{name}, which takes
+    the name from its path and, like a create, the defaults for what it leaves out."""
+
     url: Annotated[
         str,
         Field(
@@ -187,14 +193,19 @@ class TargetCreate(RequestModel):
     async_timeout_s: AsyncTimeout = None
     heartbeat_timeout_s: HeartbeatTimeout = None
     async_counts_in_flight: AsyncCountsInFlight = None
+    labels: Labels | None = Field(default=None, description="Up to 16 key/value pairs to find the target by")
 
     _url = field_validator("url")(_check_url)
     _headers = field_validator("headers")(_check_headers)
 
     @model_validator(mode="after")
-    def _timeouts(self) -> TargetCreate:
+    def _timeouts(self) -> TargetDefinition:
         check_async_timeouts(self.async_timeout_s or DEFAULT_ASYNC_TIMEOUT_S, self.heartbeat_timeout_s)
         return self
+
+
+class TargetCreate(TargetDefinition):
+    name: TargetName
 
 
 class TargetUpdate(RequestModel):
@@ -209,6 +220,7 @@ class TargetUpdate(RequestModel):
     async_timeout_s: AsyncTimeout = None
     heartbeat_timeout_s: HeartbeatTimeout = None
     async_counts_in_flight: AsyncCountsInFlight = None
+    labels: Labels | None = None
 
     @model_validator(mode="after")
     def _timeouts(self) -> TargetUpdate:
@@ -226,6 +238,7 @@ class TargetUpdate(RequestModel):
 class TargetPublic(BaseModel):
     id: uuid.UUID
     name: str
+    labels: dict[str, str] = Field(description="Key/value pairs to find the target by")
     url: str
     headers: dict[str, str] = Field(description="Header names; values are redacted")
     timeout_s: float
@@ -241,6 +254,20 @@ class TargetPublic(BaseModel):
 
 
 class TargetWithSecret(TargetPublic):
+    secret: str = Field(description="Signing secret (whsec_...); shown only on create and rotate")
+
+
+class NamedTarget(TargetPublic):
+    """A named target after a PUT: the target, and what the PUT changed."""
+
+    changed: list[str] = Field(
+        description="The fields the PUT changed: all it set for a new target, none when it matched already"
+    )
+
+
+class NamedTargetWithSecret(NamedTarget):
+    """A named target the PUT created: with its signing secret, shown this once."""
+
     secret: str = Field(description="Signing secret (whsec_...); shown only on create and rotate")
 
 
@@ -268,6 +295,7 @@ def target_public(row: Any) -> TargetPublic:
     return TargetPublic(
         id=row["id"],
         name=row["name"],
+        labels=row["labels"],
         url=row["url"],
         headers=headers,
         timeout_s=row["timeout_s"],

@@ -20,7 +20,7 @@ WITH
                AND api_keys.revoked_at IS NULL))
      FOR SHARE),
   created AS
-  (INSERT INTO jobs (id, partition, target_id, name, payload, priority, schedule_kind, cron, cron_source, timezone, every_s, schedule_anchor_at, scheduled_for, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, dedup_key, parent_job_id, interval_mode, misfire_policy, misfire_grace_s, catch_up_limit, overlap_policy, jitter_s, start_at, end_at, max_runs, completion, async_timeout_s, heartbeat_timeout_s, after_job_id, after_on, payload_from, tenant_id, state, run_at) SELECT
+  (INSERT INTO jobs (id, partition, target_id, name, payload, priority, schedule_kind, cron, cron_source, timezone, every_s, schedule_anchor_at, scheduled_for, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, dedup_key, parent_job_id, interval_mode, misfire_policy, misfire_grace_s, catch_up_limit, overlap_policy, jitter_s, start_at, end_at, max_runs, completion, async_timeout_s, heartbeat_timeout_s, after_job_id, after_on, payload_from, labels, tenant_id, state, run_at) SELECT
      :id::UUID AS id,
      :partition::SMALLINT AS partition,
      :target_id::UUID AS target_id,
@@ -60,6 +60,7 @@ WITH
      :after_job_id::UUID AS after_job_id,
      :after_on::VARCHAR AS after_on,
      :payload_from::VARCHAR AS payload_from,
+     CAST(:labels::VARCHAR AS JSONB) AS labels,
      :tenant_id::UUID AS tenant_id,
      CAST(:param_2::VARCHAR AS job_state) AS state,
      :scheduled_for::TIMESTAMP WITH TIME ZONE + :fire_delay_ms::INTEGER * interval '1 millisecond' AS run_at
@@ -121,6 +122,8 @@ WITH
      jobs.cause_id,
      jobs.fires_children,
      jobs.schedule_key,
+     jobs.schedule_set,
+     jobs.labels,
      jobs.created_at,
      jobs.updated_at,
      jobs.finished_at),
@@ -184,6 +187,8 @@ SELECT
   created.cause_id,
   created.fires_children,
   created.schedule_key,
+  created.schedule_set,
+  created.labels,
   created.created_at,
   created.updated_at,
   created.finished_at,

@@ -96,7 +96,7 @@ WITH
    JOIN applied ON applied.id = ran.id
    AND applied.lease_token = ran.lease_token),
   fired AS
-  (INSERT INTO jobs (id, partition, tenant_id, target_id, name, payload, priority, state, schedule_kind, schedule_anchor_at, scheduled_for, run_at, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, completion, async_timeout_s, heartbeat_timeout_s, parent_job_id, cause_id, fires_children) SELECT
+  (INSERT INTO jobs (id, partition, tenant_id, target_id, name, payload, priority, state, schedule_kind, schedule_anchor_at, scheduled_for, run_at, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, completion, async_timeout_s, heartbeat_timeout_s, parent_job_id, cause_id, fires_children, labels) SELECT
      gen_random_uuid() AS id,
      child.partition AS partition,
      child.tenant_id AS tenant_id,
@@ -119,7 +119,8 @@ WITH
      child.heartbeat_timeout_s AS heartbeat_timeout_s,
      child.id AS parent_job_id,
      settling.occurrence_id AS cause_id,
-     child.fires_children AS fires_children
+     child.fires_children AS fires_children,
+     child.labels AS labels
    FROM applied
    JOIN unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[]) AS settling(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled) ON applied.id = settling.id
    AND settling.lease_token = applied.lease_token

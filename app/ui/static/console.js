@@ -156,7 +156,9 @@ async function jobPage() {
   showOpenAttempt(job);
   document.querySelector("h1").textContent = `Job ${job.name || job.id}`;
   const dl = $("#job-fields"); dl.replaceChildren();
-  const fields = { id: job.id, state: job.state, schedule: schedule(job), completion: completion(job, "the target's"),
+  const labels = Object.entries(job.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ");
+  const fields = { id: job.id, key: job.key, set: job.set, labels: labels || null, state: job.state, schedule: schedule(job),
+    completion: completion(job, "the target's"),
     target: job.target_id, priority: job.priority,
     "next run": when(job.next_run_at), attempt: `${job.attempt} of ${job.max_attempts}`, runs: job.runs,
     "last status": job.last_status_code, "last error": job.last_error, payload: JSON.stringify(job.payload) };
