@@ -95,6 +95,8 @@ REPORTS: dict[str, tuple[dict[str, Any], str]] = {
 ASYNC_RUN_OUTCOMES = ("success", "failed", "heartbeat_timeout", "async_timeout", "cancelled")
 # Indexes into the machine's lists, taken modulo their length (they shrink towards 0).
 picks = st.integers(min_value=0, max_value=63)
+# The keys the machine's named schedules use (few, so PUTs meet their own jobs again).
+NAMED_KEYS = ["alpha", "beta"]
 
 
 @dataclass
@@ -133,6 +135,11 @@ class JobModel:
     timeout: str | None = None
     # Paused while its attempt was open: paused when the attempt ends (if it then waits).
     pause_requested: bool = False
+    # A named schedule (PUT /v1/schedules/{key}): its key, and its definition as last put or
+    # changed (the payload's version, and the priority a PATCH may have set).
+    key: str | None = None
+    version: int = 0
+    priority: int = 0
 
     @property
     def awaiting(self) -> bool:
@@ -446,6 +453,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert response.status_code == 409 and response.json()["state"] == m.state.value, response.text
             return
         assert response.status_code == 200, response.text
+        if not new_schedule:
+            m.priority = 5
         if new_schedule:
             m.attempt, m.fire_passed, m.due = 0, False, False
             if m.state != JobState.PAUSED:
@@ -477,7 +486,9 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.models)
     @rule(
-        action=st.sampled_from(["pause", "resume", "patch", "reschedule", "trigger", "cancel", "cancel_as_other"]),
+        action=st.sampled_from(
+            ["pause", "resume", "patch", "reschedule", "trigger", "cancel", "cancel_as_other", "put_named"]
+        ),
         pick=picks,
     )
     def user_acts(self, action: str, pick: int) -> None:
@@ -494,8 +505,45 @@ class LifecycleMachine(RuleBasedStateMachine):
         elif action == "trigger":
             if len(self.models) < MAX_JOBS:
                 self.trigger(pick)
+        elif action == "put_named":
+            self.put_named(NAMED_KEYS[pick % len(NAMED_KEYS)], new_payload=pick % 4 >= 2)
         else:
             self.cancel(pick, own_tenant=action == "cancel")
+
+    def put_named(self, key: str, new_payload: bool) -> None:
+        """PUT /v1/schedules/{key}: creates the key's job when it names none (a finished one
+        frees it); a body that matches changes nothing, whatever the job is doing; a change
+        applies as a PATCH does, so only while the job waits."""
+        live = [m for m in self.models.values() if m.key == key and m.state not in TERMINAL_STATES]
+        assert len(live) <= 1, f"two live jobs named {key}"
+        m = live[0] if live else None
+        if m is None and len(self.models) >= MAX_JOBS:
+            return
+        version = (m.version + 1 if new_payload else m.version) if m is not None else 0
+        body = {
+            "target_id": str(self.target_id),
+            "payload": {"key": key, "v": version},
+            "every_s": EVERY_S,
+            "misfire_grace_s": 86_400,
+            "max_attempts": 2,
+            "backoff_base_s": 0.001,
+            "backoff_max_s": 0.001,
+        }
+        response = self.run(self.api("PUT", f"/v1/schedules/{key}", json=body))
+        if m is None:
+            assert response.status_code == 201, response.text
+            job_id = uuid.UUID(response.json()["id"])
+            self.models[job_id] = JobModel(job_id, True, 2, key=key)
+            self.note("put_created")
+            return
+        expected = sorted(({"payload"} if new_payload else set()) | ({"priority"} if m.priority else set()))
+        if expected and m.state not in (JobState.SCHEDULED, JobState.RETRYING, JobState.PAUSED):
+            assert response.status_code == 409 and response.json()["state"] == m.state.value, response.text
+            return
+        assert response.status_code == 200, response.text
+        assert response.json()["id"] == str(m.id) and response.json()["changed"] == expected, response.text
+        m.version, m.priority = version, 0
+        self.note("put_changed" if expected else "put_unchanged")
 
     # -- rules: partitions -------------------------------------------------------------
 
@@ -877,6 +925,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._check_job(self.models[job_id], row, snap.now, letters_by_job[job_id], runs_by_job[job_id])
         self._check_dead_letters_and_runs(snap, rows)
         self._check_partitions(snap)
+        live_keys = Counter(
+            row.schedule_key for row in snap.jobs if row.schedule_key and JobState(row.state) not in TERMINAL_STATES
+        )
+        assert all(n == 1 for n in live_keys.values()), f"a key names several unfinished jobs: {live_keys}"
+        for job_id, row in rows.items():
+            assert row.schedule_key == self.models[job_id].key, (job_id, row.schedule_key)
 
     def _check_job(self, m: JobModel, row: Row[Any], now: dt.datetime, letters: list[Row[Any]], run_count: int) -> None:
         state = JobState(row.state)  # exactly one state, and a known one
@@ -1018,6 +1072,7 @@ def test_job_lifecycle_keeps_its_invariants(db_url: str) -> None:
         "late_report",
         "async_heartbeat_timeout",
         "async_async_timeout",
+        "put_created",
     )
     # "cancelled_open" (a cancel that ends an open async attempt with a run) is checked where
     # the examples reach it, and deterministically in tests/e2e/test_async_completion.py.
