@@ -34,6 +34,7 @@ from app.api.job_creates import create_prepared, planned_job
 from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobCreate, JobUpdate
 from app.domain.job import NewJob
+from app.domain.job_plan import RECURRENCE_FIELDS
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule
 from app.settings import Settings
 from app.store.chains import job_mark_fires_children
@@ -48,19 +49,8 @@ RESERVED_KEYS = frozenset({"preview"})
 # The audit action of a PUT (the create statement writes it for a new schedule).
 PUT_SCHEDULE = "putSchedule"
 
-# A definition's fields (as the API names them) that stand for its schedule.
-_SCHEDULE = ("schedule_kind", "cron", "timezone", "every_s", "run_at")
-_RECURRENCE = (
-    "interval_mode",
-    "misfire_policy",
-    "misfire_grace_s",
-    "catch_up_limit",
-    "overlap_policy",
-    "jitter_s",
-    "start_at",
-    "end_at",
-    "max_runs",
-)
+# A recurring definition's policies and bounds (a create's own names for them).
+_RECURRENCE = RECURRENCE_FIELDS
 
 
 def check_key(key: str) -> None:
