@@ -13,7 +13,7 @@ import tempfile
 import warnings
 from types import FrameType
 
-CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "audit", "schedules"})
+CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "audit", "schedules", "apply", "diff", "export"})
 # Roles that may run several processes (`--processes`, `--workers`) behind one /metrics.
 SERVICE_ROLES = frozenset({"up", "api", "scheduler"})
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

@@ -1,4 +1,5 @@
-"""Client verbs of `cronhook`: jobs, targets, dead-letters, audit, schedules.
+"""Client verbs of `cronhook`: jobs, targets, dead-letters, audit, schedules, and schedules as
+code (apply, diff, export: app/client/schedules_as_code.py).
 
 Each verb is one API call (or a paged list) to the server named by `--server` or
 CRONHOOK_URL; `--json` prints the API's own JSON (a list: the page object, with its
@@ -16,6 +17,7 @@ from typing import Any
 
 from app.client import jobs as job_verbs
 from app.client import resources
+from app.client import schedules_as_code as as_code
 from app.client.http import ApiClient, ApiError
 from app.client.output import render, stdout_closed
 
@@ -250,10 +252,63 @@ def _add_dead_letter_commands(sub: Any) -> None:
     replay.add_argument("--rate", type=float, default=10.0, metavar="PER_S")
 
 
+APPLY_DESCRIPTION = """Make the server's targets and set of schedules match FILE (YAML or JSON):
+each target of the file is put by name, then the whole set at once (all or nothing).
+What already matches is not written: those schedules keep their next fire times.
+A target created prints its signing secret once, on stderr. Mistakes are named
+FILE:LINE: FIELD (found here: exit 2, nothing written; by the server: exit 1).
+
+--dry-run writes nothing: targets are only read (header values, never shown, and
+a timeout_s left to the server's default are not compared), and the server plans
+the set. A schedule whose target does not exist yet cannot be sent without its
+target's id: it is shown as `? KEY` (would be created with that target), and the
+server checks it only when the file is applied.
+
+file format:
+  set: payments-nightly      # optional: the file's name without its extension
+  targets:                   # by name: POST /v1/targets's fields but name (no secrets)
+    billing: {url: https://billing.example.com/hooks/cron, timeout_s: 10}
+  schedules:                 # by key: POST /v1/jobs's fields, `target` a target's name
+    nightly-report: {target: billing, cron: "H 3 * * *", payload: {report: daily}}
+
+output: `+`, `~ (fields)`, `=` per target and schedule (created, changed,
+unchanged), `- KEY` pruned, `? KEY` not checked; --json prints the answers."""
+
+DIFF_EXIT_STATUS = """exit status (as diff's):
+  0  nothing would change
+  1  something would change (the plan says what)
+  2  trouble: a mistake in FILE, or the server refused it
+  3  the server did not answer (nothing listens at --server / CRONHOOK_URL)
+  130  interrupted (Ctrl-C)"""
+
+EXPORT_DESCRIPTION = """Print the file that, applied to this server, changes nothing: the named
+schedules (of --set, else all) and the targets they use, by name. Never a
+secret: a target with headers (whose values the server never shows) is left
+out of `targets:` (its schedules still name it, and apply leaves it as it is).
+Exit 1 also when two targets the schedules use share a name."""
+
+
+def _add_schedules_as_code(sub: Any) -> None:
+    apply = _verb(sub, "apply", as_code.apply_verb, "make the server match a schedules file")
+    apply.description = APPLY_DESCRIPTION
+    diff = _verb(sub, "diff", as_code.diff_verb, "what `apply -f FILE` would change (exit 1 if anything)")
+    diff.description = "`apply --dry-run`, shown as a plan (see `cronhook apply --help`)."
+    diff.epilog = DIFF_EXIT_STATUS
+    for verb in (apply, diff):
+        verb.add_argument("-f", "--file", required=True, metavar="FILE", help="the schedules file (YAML or JSON)")
+        verb.add_argument("--prune", action="store_true", help="also cancel the set's schedules not in the file")
+    apply.add_argument("--dry-run", action="store_true", help="write nothing: show what would change")
+    export = _verb(sub, "export", as_code.export_verb, "print a schedules file of the server's named schedules")
+    export.description = EXPORT_DESCRIPTION
+    export.add_argument("--set", help="only this set's schedules (and `set:` in the file)")
+    export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+
+
 def add_client_commands(sub: Any) -> None:
     _add_job_commands(sub)
     _add_target_commands(sub)
     _add_dead_letter_commands(sub)
+    _add_schedules_as_code(sub)
 
     audit = _group(sub, "audit", "the tenant's audit log")
     _list_arguments(_verb(audit, "list", resources.audit_list, "every change made in this tenant, newest first"), 50)
