@@ -24,6 +24,8 @@ class DeadLetterFilter:
     last_status_code: int | None = None
     # False: only dead letters never replayed.
     include_replayed: bool = True
+    # Only the dead letters of jobs carrying these labels (the job's labels as they are now).
+    labels: dict[str, str] | None = None
 
 
 async def dead_letter_insert_many(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
@@ -81,6 +83,9 @@ def _filtered(stmt: Select[Any], tenant_id: uuid.UUID, where: DeadLetterFilter) 
         stmt = stmt.where(dead_letters.c.last_status_code == where.last_status_code)
     if not where.include_replayed:
         stmt = stmt.where(dead_letters.c.replayed_at.is_(None))
+    if where.labels:
+        labelled = select(jobs.c.id).where(jobs.c.tenant_id == tenant_id, jobs.c.labels.contains(where.labels))
+        stmt = stmt.where(dead_letters.c.job_id.in_(labelled))
     return stmt
 
 

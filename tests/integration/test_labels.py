@@ -4,10 +4,14 @@ and PUT, and found with `?label=key=value` on the lists, on a real PostgreSQL.""
 from __future__ import annotations
 
 import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import make_job, make_target
+from app.services.scheduler import Scheduler
+from app.services.scheduler_config import SchedulerConfig
+from app.settings import Settings
+from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.problems import assert_problem
-from tests.receiver import Receiver
+from tests.receiver import Receiver, wait_for
 
 
 async def keys_of(client: httpx.AsyncClient, auth: dict[str, str], path: str, *selectors: str) -> set[str]:
@@ -79,3 +83,24 @@ async def test_targets_carry_labels_and_the_list_finds_them(
     assert put.status_code == 200 and put.json()["changed"] == ["labels"], put.text
     assert await keys_of(client, auth, "/v1/targets", "team=ops") == {"billing", "pager"}
     assert_problem(await client.get("/v1/targets", headers=auth, params={"label": "no-equals"}), 422, "label")
+
+
+async def test_dead_letters_are_found_by_their_jobs_labels(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine, settings: Settings
+) -> None:
+    # Port 9 (discard) refuses: each job's one attempt fails and is dead-lettered.
+    target = await make_target(client, auth, "http://127.0.0.1:9/hook")
+    pay = await make_job(client, auth, target["id"], max_attempts=1, name="pay", labels={"team": "payments"})
+    await make_job(client, auth, target["id"], max_attempts=1, name="ops", labels={"team": "ops"})
+    scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings), TEST_KEY_RING)
+
+    async def both_dead() -> bool:
+        await scheduler.run_once()
+        return len((await client.get("/v1/dead-letters", headers=auth)).json()["items"]) == 2
+
+    try:
+        await wait_for(both_dead, message="two dead letters")
+    finally:
+        await scheduler.close(grace_s=5)
+    found = (await client.get("/v1/dead-letters", headers=auth, params={"label": "team=payments"})).json()["items"]
+    assert [letter["job_id"] for letter in found] == [pay["id"]]

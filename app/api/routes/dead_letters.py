@@ -11,7 +11,7 @@ from sqlalchemy.engine import RowMapping
 
 from app.api.audit import Audited
 from app.api.checks import ensure_payload_fits
-from app.api.deps import Conn, QuotasDep, SettingsDep, TenantId
+from app.api.deps import Conn, LabelFilter, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.quota_checks import ensure_room_for_jobs
 from app.api.schemas.dead_letters import (
@@ -49,6 +49,7 @@ async def list_dead_letters(
     since: Annotated[Timestamp | None, Query(description="created at or after (RFC 3339)")] = None,
     until: Annotated[Timestamp | None, Query(description="created before (RFC 3339)")] = None,
     status_code: Annotated[int | None, Query(ge=100, le=599, description="last HTTP status")] = None,
+    labels: LabelFilter = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
     include: IncludePayload = None,
@@ -61,6 +62,7 @@ async def list_dead_letters(
         since=_utc(since, "since"),
         until=_utc(until, "until"),
         last_status_code=status_code,
+        labels=labels,
     )
     rows = await store.dead_letter_list(
         conn, tenant_id, limit + 1, after, where, with_payload=False, with_payload_bytes=include is not None
