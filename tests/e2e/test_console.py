@@ -81,6 +81,8 @@ def _drive(server: LiveServer, shots: Path, cron_id: str, child_id: str, receive
         loaded()
         fires = browser.find_elements(By.CSS_SELECTOR, "#next-fires li")
         assert len(fires) == 5 and all(":00:00+" in li.text for li in fires)
+        fields = browser.find_element(By.ID, "job-fields").text
+        assert "nightly-report" in fields and "reports" in fields and "team=reports" in fields, fields
         browser.save_screenshot(str(shots / "console-job.png"))
         # Its chain: the job that runs after it, linked.
         assert not browser.find_element(By.ID, "chain").get_attribute("hidden")
@@ -128,17 +130,24 @@ async def test_the_console_in_headless_chromium(
         httpx.AsyncClient(base_url=server.url, headers=server.auth) as http,
     ):
         target = (await http.post("/v1/targets", json={"name": "billing", "url": receiver.url()})).json()
-        cron = (
-            await http.post(
-                "/v1/jobs",
-                json={
-                    "target_id": target["id"],
-                    "name": "nightly-report",
-                    "cron": "0 3 * * *",
-                    "timezone": "Europe/Berlin",
-                },
-            )
-        ).json()
+        # A named schedule in a set, with labels: the job page shows all three.
+        put = await http.put(
+            "/v1/schedule-sets/reports",
+            json={
+                "schedules": [
+                    {
+                        "key": "nightly-report",
+                        "target_id": target["id"],
+                        "name": "nightly-report",
+                        "cron": "0 3 * * *",
+                        "timezone": "Europe/Berlin",
+                        "labels": {"team": "reports"},
+                    }
+                ]
+            },
+        )
+        assert put.status_code == 200, put.text
+        cron = (await http.get("/v1/schedules/nightly-report")).json()
         receiver.script = [Reply(status=200), Reply(status=410)]
         await http.post("/v1/jobs", json={"target_id": target["id"], "name": "welcome-email", "delay_s": 0.001})
 
