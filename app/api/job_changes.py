@@ -1,5 +1,5 @@
 """Changing a waiting job (PATCH, and the named schedules' PUT): what the request sets, planned
-against the job's row (app/domain/job_plan.py) and written in one UPDATE guarded by its state.
+against the job's row (app/domain/job_updates.py) and written in one UPDATE guarded by its state.
 The caller holds the row's lock."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from app.api.quota_checks import ensure_job_within_quotas
 from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobUpdate
 from app.domain.chains import ChainOn
-from app.domain.job_plan import COMPLETION_FIELDS, RECURRENCE_FIELDS, SCHEDULE_FIELDS, plan_update
+from app.domain.job_plan import COMPLETION_FIELDS, RECURRENCE_FIELDS, SCHEDULE_FIELDS
+from app.domain.job_updates import plan_update
 from app.domain.schedule import ScheduleKind, hash_seed
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
 from app.settings import Settings

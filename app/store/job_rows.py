@@ -14,7 +14,7 @@ from sqlalchemy.engine import RowMapping
 
 from app.domain.completion import CompletionSettings, resolve_settings
 from app.domain.job import ClaimedJob
-from app.domain.job_plan import JobChanges
+from app.domain.job_updates import JobChanges
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule, Schedule, ScheduleKind, jittered
@@ -244,7 +244,7 @@ def _target_settings(
 
 
 def job_change_columns(changes: JobChanges, job_id: uuid.UUID) -> dict[str, Any]:
-    """The columns a planned change (app/domain/job_plan.py) writes."""
+    """The columns a planned change (app/domain/job_updates.py) writes."""
     columns: dict[str, Any] = {}
     if changes.policy is not None:
         columns.update(policy_columns(changes.policy))
