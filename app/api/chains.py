@@ -23,7 +23,7 @@ from app.domain.states import TERMINAL_STATES
 from app.store.chains import job_chain_ancestors, job_chain_descendants, job_children_live, job_mark_fires_children
 from app.store.job_inserts import JobAudit, NotCreated, job_create_checked
 from app.store.job_rows_new import PreparedJob
-from app.store.jobs import job_lock
+from app.store.jobs import job_cancel, job_lock
 
 
 def _refused(detail: str) -> Problem:
@@ -69,17 +69,19 @@ async def create_chained(
     return created
 
 
-async def ensure_no_live_children(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> None:
-    """A job with unfinished chained children is cancelled only with them (?cascade=true)."""
-    if count := await job_children_live(conn, tenant_id, job_id):
-        raise Problem(
-            409,
-            f"{count} unfinished job(s) run after this one: cancel with ?cascade=true to cancel them too",
-            slug="job-has-children",
-            extra={"children": count},
-        )
-
-
-async def chained_descendants(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> list[uuid.UUID]:
-    """Every unfinished job chained after `job_id`, nearest first (cascade's order)."""
-    return [child for child, _ in sorted(await job_chain_descendants(conn, tenant_id, job_id), key=lambda d: d[1])]
+async def cancel_chain_below(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID, cascade: bool) -> None:
+    """After `job_id` was cancelled (its row locked by the cancel, so no child can be added
+    meanwhile): with `cascade`, every unfinished job chained below it is cancelled too, nearest
+    first; without, a job with unfinished chained children is a 409 (the caller's transaction
+    then rolls the cancel back)."""
+    if not cascade:
+        if count := await job_children_live(conn, tenant_id, job_id):
+            raise Problem(
+                409,
+                f"{count} unfinished job(s) run after this one: cancel with ?cascade=true to cancel them too",
+                slug="job-has-children",
+                extra={"children": count},
+            )
+        return
+    for child, _ in sorted(await job_chain_descendants(conn, tenant_id, job_id), key=lambda found: found[1]):
+        await job_cancel(conn, tenant_id, child)

@@ -23,14 +23,14 @@ from typing import Any
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.api.chains import chained_descendants, ensure_no_live_children, lock_parent
+from app.api.chains import cancel_chain_below, lock_parent
 from app.api.checks import ensure_payload_fits
 from app.api.errors import Problem
 from app.api.job_changes import change_job
 from app.api.job_creates import not_created_problem
 from app.api.quota_checks import check_job_within_limits, ensure_room_for_jobs
 from app.api.quotas import Quotas
-from app.api.schedule_upserts import check_key, new_definition, row_definition, update_of
+from app.api.schedule_upserts import check_key, definition_changes, refuse_delay, shown_changes, update_of
 from app.api.schemas.jobs import JobCreate
 from app.domain.job_plan import PlanError, plan_create
 from app.domain.schedule import ScheduleError
@@ -131,8 +131,7 @@ async def apply_set(
             )
         try:
             payload = ensure_payload_fits(item.payload, settings)
-            if "delay_s" in item.model_fields_set and item.delay_s is not None:
-                raise PlanError("delay_s", "a schedule is stated, not counted from now: give run_at, cron or every_s")
+            refuse_delay(item)
             new = plan_create(item, tenant_id, settings.default_retry_policy, caller.now, row["id"] if row else job_id)
             check_job_within_limits(limits, new.schedule, new.policy, caller.now)
         except (ScheduleError, PlanError, Problem) as refused:
@@ -143,17 +142,15 @@ async def apply_set(
             continue
         if row["schedule_set"] is None:
             adopted.append(row["id"])
-        if "dedup_key" in item.model_fields_set and item.dedup_key != row["dedup_key"]:
-            raise _at(index, PlanError("dedup_key", "a job's dedup_key is set when it is created"))
-        current = row_definition(row)
-        changed = sorted(name for name, value in new_definition(new).items() if current.get(name) != value)
+        try:
+            changed = definition_changes(row, new, item)
+        except PlanError as refused:
+            raise _at(index, refused) from None
         if not changed:
             plan.unchanged.append(item.key)
             continue
-        if "schedule_kind" in changed and (row["schedule_kind"] == "after" or new.after is not None):
-            raise _at(index, PlanError("after", "a chained job and a scheduled one do not turn into each other"))
         changes.append((index, row, update_of(new, changed, item), changed))
-        plan.changed[item.key] = [name for name in changed if name != "schedule_kind"] or changed
+        plan.changed[item.key] = shown_changes(changed)
     unlisted = await job_set_members_unlisted(conn, tenant_id, set_name, keys) if prune else []
     plan.pruned = sorted(row["schedule_key"] for row in unlisted)
 
@@ -207,13 +204,11 @@ async def _write(
                 raise _at(index, refused) from None
             raise
     for row in unlisted:
+        cancelled = await store.job_cancel(conn, tenant_id, row["id"])
+        assert cancelled is not None, "the row is locked and unfinished"
         try:
-            await ensure_no_live_children(conn, tenant_id, row["id"])
+            await cancel_chain_below(conn, tenant_id, row["id"], cascade=False)
         except Problem as refused:
             refused.field = "prune"
             refused.detail = f"{row['schedule_key']!r}: {refused.detail}"
             raise
-        cancelled = await store.job_cancel(conn, tenant_id, row["id"])
-        assert cancelled is not None, "the row is locked and unfinished"
-        for child in await chained_descendants(conn, tenant_id, row["id"]):
-            await store.job_cancel(conn, tenant_id, child)

@@ -34,7 +34,7 @@ from app.api.job_creates import create_prepared, planned_job
 from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobCreate, JobUpdate
 from app.domain.job import NewJob
-from app.domain.job_plan import RECURRENCE_FIELDS
+from app.domain.job_plan import RECURRENCE_FIELDS, PlanError
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule
 from app.settings import Settings
 from app.store.chains import job_mark_fires_children
@@ -175,8 +175,30 @@ def etag(row: Any) -> str:
     return '"' + hashlib.sha256(canonical.encode()).hexdigest()[:32] + '"'
 
 
-def _differences(current: dict[str, Any], desired: dict[str, Any]) -> list[str]:
-    return sorted(name for name in desired.keys() | current.keys() if current.get(name) != desired.get(name))
+def refuse_delay(body: JobCreate) -> None:
+    if "delay_s" in body.model_fields_set and body.delay_s is not None:
+        raise PlanError("delay_s", "a schedule is stated, not counted from now: give run_at, cron or every_s")
+
+
+def definition_changes(row: Any, new: NewJob, body: JobCreate) -> list[str]:
+    """The definition's fields that differ between the job `row` and the planned `new` (the
+    body's, with defaults); PlanError for a change a PUT cannot make: a new dedup_key, a
+    chained job turning into a scheduled one or back."""
+    if "dedup_key" in body.model_fields_set and body.dedup_key != row["dedup_key"]:
+        raise PlanError("dedup_key", "a job's dedup_key is set when it is created")
+    current, desired = row_definition(row), new_definition(new)
+    changed = sorted(name for name in desired.keys() | current.keys() if current.get(name) != desired.get(name))
+    if "schedule_kind" in changed and (row["schedule_kind"] == "after" or new.after is not None):
+        raise PlanError(
+            "after",
+            "a chained job and a scheduled one do not turn into each other: delete the schedule and put it again",
+        )
+    return changed
+
+
+def shown_changes(changed: list[str]) -> list[str]:
+    """`changed` as answered: the schedule's fields, not its kind (unless that is all)."""
+    return [name for name in changed if name != "schedule_kind"] or changed
 
 
 def update_of(new: NewJob, changed: list[str], body: JobCreate) -> JobUpdate:
@@ -218,13 +240,7 @@ async def put_schedule(
 ) -> Upserted:
     """Creates or changes the job `key` names (module docstring), in the request's transaction."""
     check_key(key)
-    if "delay_s" in body.model_fields_set and body.delay_s is not None:
-        raise Problem(
-            422,
-            "a schedule is stated, not counted from now: give run_at, cron or every_s",
-            slug="validation",
-            field="delay_s",
-        )
+    refuse_delay(body)
     if_match, if_none_match = preconditions
     tenant_id = caller.tenant_id
     row = await job_lock_by_key(conn, tenant_id, key)
@@ -245,18 +261,9 @@ async def put_schedule(
         raise Problem(412, f"a schedule is already named {key!r} (If-None-Match: *)", slug="precondition-failed")
     if if_match is not None and if_match != etag(row):
         raise Problem(412, "the schedule has changed since that ETag (If-Match)", slug="precondition-failed")
-    if "dedup_key" in body.model_fields_set and body.dedup_key != row["dedup_key"]:
-        raise Problem(422, "a job's dedup_key is set when it is created", slug="validation", field="dedup_key")
     desired = (await planned_job(conn, caller, body, settings, quotas, job_id=row["id"])).new
-    changed = _differences(row_definition(row), new_definition(desired))
+    changed = definition_changes(row, desired, body)
     if not changed:
         return Upserted(row, False, [])
-    if "schedule_kind" in changed and (row["schedule_kind"] == "after" or desired.after is not None):
-        raise Problem(
-            422,
-            "a chained job and a scheduled one do not turn into each other: delete the schedule and put it again",
-            slug="validation",
-            field="after",
-        )
     updated = await change_job(conn, tenant_id, row, update_of(desired, changed, body), settings, quotas)
-    return Upserted(updated, False, [name for name in changed if name != "schedule_kind"] or changed)
+    return Upserted(updated, False, shown_changes(changed))

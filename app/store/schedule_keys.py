@@ -29,9 +29,8 @@ async def job_lock_by_key(conn: AsyncConnection, tenant_id: uuid.UUID, key: str)
     """The job the key names, row-locked, with the key itself locked for this transaction (a
     transaction-level advisory lock on the tenant and key): concurrent upserts of one key
     queue here, so the first creates and the others find its job."""
-    await conn.execute(select(func.pg_advisory_xact_lock(_key_lock(tenant_id, literal(key)))))
-    stmt = select(jobs).where(_named(tenant_id, key)).with_for_update()
-    return (await conn.execute(stmt)).mappings().one_or_none()
+    found = await job_lock_keys(conn, tenant_id, [key])
+    return found[0] if found else None
 
 
 async def job_set_key(conn: AsyncConnection, job_id: uuid.UUID, key: str) -> RowMapping:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from app.api.audit import Audited, request_id_of
-from app.api.chains import chained_descendants, ensure_no_live_children
+from app.api.chains import cancel_chain_below
 from app.api.checks import JOB_NOT_FOUND, existing_job
 from app.api.deps import Conn, CreateConn, CreatorDep, LabelFilter, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
@@ -153,11 +153,7 @@ async def cancel_job(
 ) -> JobPublic:
     row = await store.job_cancel(conn, tenant_id, job_id)
     if row is not None:
-        # Checked with the job's row locked by the cancel: no child can be added meanwhile.
-        if not cascade:
-            await ensure_no_live_children(conn, tenant_id, job_id)
-        for child in await chained_descendants(conn, tenant_id, job_id):
-            await store.job_cancel(conn, tenant_id, child)
+        await cancel_chain_below(conn, tenant_id, job_id, cascade)
         return job_public(row)
     existing = await existing_job(conn, tenant_id, job_id)
     raise Problem(

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from app.api.audit import Audited, request_id_of
-from app.api.chains import chained_descendants, ensure_no_live_children
+from app.api.chains import cancel_chain_below
 from app.api.deps import CallerDep, Conn, LabelFilter, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.schedule_upserts import check_key, etag, put_schedule, schedule_definition
@@ -106,8 +106,5 @@ async def delete_named_schedule(
         raise Problem(404, f"no schedule is named {key!r}", slug="not-found")
     cancelled = await store.job_cancel(conn, tenant_id, row["id"])
     assert cancelled is not None, "the row is locked and unfinished"
-    if not cascade:
-        await ensure_no_live_children(conn, tenant_id, row["id"])
-    for child in await chained_descendants(conn, tenant_id, row["id"]):
-        await store.job_cancel(conn, tenant_id, child)
+    await cancel_chain_below(conn, tenant_id, row["id"], cascade)
     return job_public(cancelled)
