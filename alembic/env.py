@@ -8,7 +8,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from app.db.engine import create_engine
-from app.store.tables import metadata
+from app.store.schema import metadata
 
 config = context.config
 

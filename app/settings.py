@@ -192,6 +192,16 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(default=5.0, gt=0, le=3600)
     reaper_batch_size: int = Field(default=500, ge=1, le=100_000)
 
+    # Schedule health (app/domain/health.py): a job is `failing` after this many failed
+    # occurrences in a row, or when none succeeded within `expect_success_within_s` (unset:
+    # no such deadline), unless its tenant or the job itself says otherwise.
+    expect_max_consecutive_failures: int = Field(default=1, ge=1, le=10_000)
+    expect_success_within_s: int | None = Field(default=None, ge=1)
+    # Inbound check-ins: pings one check's token may make per minute, per API replica, and
+    # the pings kept per check (older ones are deleted by the reaper).
+    check_pings_per_min: int = Field(default=60, ge=1)
+    check_pings_kept: int = Field(default=100, ge=1, le=100_000)
+
     # Retention (the reaper deletes in batches of `retention_batch_size`, app/store/retention.py):
     # finished jobs (succeeded, cancelled, dead without a dead letter) and their runs after
     # `retention_days`; dead letters are kept until deleted, or after

@@ -9,7 +9,7 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.tables import metadata
+from app.store.schema import metadata
 
 
 def assert_problem(response: httpx.Response, status: int, *fields: str) -> dict[str, Any]:

@@ -23,10 +23,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import metrics
 from app.db.watch import DB_WATCH
+from app.domain.health import HealthDefaults
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.keyring import KeyRing
 from app.logs import log_event
+from app.services.check_watch import check_watch_once
+from app.services.health_watch import health_watch_once
+from app.services.hold_watch import hold_watch_once
 from app.settings import Settings, copy_settings, default_of
 from app.store.completions import job_apply_requested_pauses, job_count_open_async
 from app.store.idempotency import idempotency_key_purge_expired
@@ -51,6 +55,10 @@ class ReaperConfig:
     # record an outcome) after its heartbeat expired: a POST it started may still end.
     lease_margin_s: float = default_of("lease_margin_s")
     dead_replica_fast_rescue: bool = default_of("dead_replica_fast_rescue")
+    # Watching over schedules (health, check-ins, held occurrences): the defaults of health.
+    expect_max_consecutive_failures: int = default_of("expect_max_consecutive_failures")
+    expect_success_within_s: int | None = default_of("expect_success_within_s")
+    check_pings_kept: int = default_of("check_pings_kept")
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.batch_size < 1 or self.retention_batch_size < 1:
@@ -73,6 +81,16 @@ class RetentionPass:
 
 
 @dataclass(frozen=True)
+class WatchPass:
+    """What one pass of watching over schedules did: health edges reported (failing or
+    recovered), checks gone down, occurrences of paused targets held or released."""
+
+    health_events: int = 0
+    checks_down: int = 0
+    held: int = 0
+
+
+@dataclass(frozen=True)
 class ReaperPass:
     """One reaper pass: leases rescued (back to retrying, or to the dead-letter queue), then
     the housekeeping that rode along."""
@@ -81,6 +99,7 @@ class ReaperPass:
     dead_lettered: int
     idempotency_keys_purged: int
     retention: RetentionPass
+    watch: WatchPass = WatchPass()
 
 
 class Reaper:
@@ -151,7 +170,17 @@ class Reaper:
         # are kept for 24 hours.
         async with self._engine.begin() as conn:
             purged = await idempotency_key_purge_expired(conn)
-        return ReaperPass(rescued, dead_lettered, purged, await self.retain())
+        return ReaperPass(rescued, dead_lettered, purged, await self.retain(), await self.watch())
+
+    async def watch(self) -> WatchPass:
+        """Health edges, overdue check-ins and held occurrences: each its own short work."""
+        config = self.config
+        defaults = HealthDefaults(config.expect_max_consecutive_failures, config.expect_success_within_s)
+        return WatchPass(
+            health_events=await health_watch_once(self._engine, defaults, config.batch_size),
+            checks_down=await check_watch_once(self._engine, config.batch_size, config.check_pings_kept),
+            held=await hold_watch_once(self._engine, config.batch_size),
+        )
 
     async def retain(self) -> RetentionPass:
         """One batch of each retention delete, each in its own short transaction."""

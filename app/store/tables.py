@@ -87,6 +87,11 @@ tenants = Table(
     Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
     Column("name", Text, nullable=False, unique=True),
     _ts("created_at", nullable=False, default_now=True),
+    # An operator's pause of the whole tenant (POST /v1/admin/tenants/{t}/pause): its due
+    # occurrences are held as a paused target's are, until resumed (or `paused_until`).
+    _ts("paused_at"),
+    _ts("paused_until"),
+    Column("paused_reason", Text),
 )
 
 api_keys = Table(
@@ -117,6 +122,9 @@ tenant_limits = Table(
     Column("min_interval_s", Integer),
     Column("min_backoff_base_s", Double),
     Column("max_attempts", Integer),
+    # Schedule health's defaults for the tenant's jobs without an `expect` of their own.
+    Column("expect_success_within_s", Integer),
+    Column("expect_max_consecutive_failures", Integer),
     _ts("updated_at", nullable=False, default_now=True),
 )
 
@@ -180,10 +188,25 @@ targets = Table(
     Column("async_counts_in_flight", Boolean, nullable=False, server_default=text("true")),
     # Key/value pairs to find targets by (?label=team=payments).
     Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Pause and hold (POST /v1/targets/{id}/pause): while paused_at is set no occurrence of
+    # the target is claimed; due ones are held (jobs.held_run_at) until resumed, or until
+    # `paused_until`. `pause_kind` auto: tripped by auto_pause_failures failed attempts in a
+    # row across its jobs (`consecutive_failures`, kept by the outcome statement).
+    _ts("paused_at"),
+    _ts("paused_until"),
+    Column("paused_reason", Text),
+    Column("pause_kind", Text),
+    Column("auto_pause_failures", Integer),
+    Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("deleted_at"),
     CheckConstraint("timeout_s > 0", name="timeout_positive"),
+    CheckConstraint(
+        "(paused_at IS NULL) = (pause_kind IS NULL) AND (pause_kind IS NULL OR pause_kind IN ('manual', 'auto'))",
+        name="pause_kind_valid",
+    ),
+    CheckConstraint("auto_pause_failures IS NULL OR auto_pause_failures >= 1", name="auto_pause_positive"),
     CheckConstraint("max_in_flight IS NULL OR max_in_flight >= 1", name="max_in_flight_positive"),
     CheckConstraint("rate_per_s IS NULL OR rate_per_s > 0", name="rate_positive"),
     CheckConstraint(_one_of("completion", CompletionMode), name="completion_valid"),
@@ -291,6 +314,25 @@ jobs = Table(
     Column("schedule_set", Text),
     # Key/value pairs to find jobs by (?label=team=payments); at most 16 (the API's check).
     Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Schedule health (app/domain/health.py), kept by the outcome statement: when an
+    # occurrence last succeeded and last failed (dead-lettered or missed), and failed
+    # occurrences since the last success. `expect_*`: the job's thresholds (NULL: the
+    # tenant's, then the settings'). `health_alert`: `failing` once job.health.failing was
+    # emitted, until job.health.recovered is (edge-triggered events).
+    _ts("last_success_at"),
+    _ts("last_failure_at"),
+    Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
+    Column("expect_success_within_s", Integer),
+    Column("expect_max_consecutive_failures", Integer),
+    Column("health_alert", Text),
+    # Per-job callbacks: an event to this target once per occurrence that succeeded / failed.
+    Column("on_success_target_id", UUID(as_uuid=True)),
+    Column("on_failure_target_id", UUID(as_uuid=True)),
+    # An event's delivery (app/domain/events.py): never itself the subject of an event.
+    Column("event_type", Text),
+    # A held occurrence (its target or tenant paused): the run_at it had; run_at is then
+    # 'infinity', out of every claim's due range, until the resume sets it again.
+    _ts("held_run_at"),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("finished_at"),
@@ -308,6 +350,12 @@ jobs = Table(
     CheckConstraint("max_runs IS NULL OR max_runs >= 1", name="max_runs_positive"),
     CheckConstraint("jitter_s BETWEEN 0 AND 3600", name="jitter_range"),
     CheckConstraint(f"priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY}", name="priority_range"),
+    CheckConstraint("health_alert IS NULL OR health_alert = 'failing'", name="health_alert_valid"),
+    CheckConstraint(
+        "(expect_success_within_s IS NULL OR expect_success_within_s >= 1) AND "
+        "(expect_max_consecutive_failures IS NULL OR expect_max_consecutive_failures >= 1)",
+        name="expect_positive",
+    ),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint("backoff_factor >= 1", name="backoff_factor_at_least_one"),
     CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt_within_max"),
@@ -373,6 +421,19 @@ jobs = Table(
         postgresql_where=text(_STATE_LIVE),
     ),
     Index("ix_jobs_parent", "parent_job_id", postgresql_where=text("parent_job_id IS NOT NULL")),
+    # The health pass's jobs (app/services/watchdog.py): unfinished jobs in a failure streak,
+    # with a success deadline, or alerted. Healthy jobs without `expect` are not in it, so the
+    # outcome statement writes no entry for them.
+    Index(
+        "ix_jobs_health_watch",
+        "id",
+        postgresql_where=text(
+            "(consecutive_failures > 0 OR expect_success_within_s IS NOT NULL OR health_alert IS NOT NULL) "
+            f"AND event_type IS NULL AND {_STATE_LIVE}"
+        ),
+    ),
+    # A paused target's held occurrences, released by its resume.
+    Index("ix_jobs_held", "target_id", "held_run_at", postgresql_where=text("held_run_at IS NOT NULL")),
     # A parent's chained children (settling, cancelling), and one occurrence per cause.
     Index("ix_jobs_after", "after_job_id", postgresql_where=text("after_job_id IS NOT NULL")),
     Index("ix_jobs_cause", "parent_job_id", "cause_id", unique=True, postgresql_where=text("cause_id IS NOT NULL")),

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.app import create_app
 from app.db.migrate import head_revision, schema_is_current
 from app.settings import Settings
-from app.store.tables import metadata
+from app.store.schema import metadata
 
 OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
 
