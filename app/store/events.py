@@ -85,7 +85,8 @@ def subscribed_targets(tenant_id: Any, event_type: Any) -> Any:
     )
 
 
-def _random_partition() -> Any:
+def random_partition() -> Any:
+    """A partition for an event about no job: any scheduler may deliver it."""
     return cast(func.floor(func.random() * literal_column(str(PARTITION_COUNT))), SmallInteger)
 
 
@@ -101,7 +102,7 @@ def _emit_statement() -> Any:
         event_type=event_type,
         tenant_id=tenant,
         target_id=per_target.c.target_id,
-        partition=_random_partition(),
+        partition=random_partition(),
         data=cast(bindparam("data", type_=Text), JSONB),
     )
     rows = select(*(value.label(name) for name, value in values.items()))

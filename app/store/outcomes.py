@@ -25,6 +25,7 @@ from app.domain.schedule import ScheduleKind, jittered
 from app.domain.states import JobState
 from app.store.dead_letters import dead_letter_insert_many
 from app.store.job_rows import NO_LEASE
+from app.store.outcome_events import emit_occurrence_events, trip_auto_pauses
 from app.store.runs import run_insert_many
 from app.store.tables import job_state, jobs, runs, state_in
 
@@ -138,8 +139,25 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
             occurrences_run=jobs.c.occurrences_run + case((retrying, 0), else_=1),
             finished_at=case((retrying | scheduled, None), else_=func.now()),
             ended_reason=cast(outcome.c.ended_reason, Text),
+            # Schedule health (app/domain/health.py): per settled occurrence, not per attempt.
+            **_health_values(outcome.c.settled),
         )
-        .returning(jobs.c.id, outcome.c.lease_token, jobs.c.parent_job_id, jobs.c.fires_children)
+        .returning(
+            jobs.c.id,
+            outcome.c.lease_token,
+            jobs.c.parent_job_id,
+            jobs.c.fires_children,
+            # What the events about this attempt say (_emit_events, _trip_auto_pauses).
+            jobs.c.tenant_id,
+            jobs.c.target_id,
+            jobs.c.partition,
+            jobs.c.name,
+            jobs.c.schedule_key,
+            jobs.c.labels,
+            jobs.c.on_success_target_id,
+            jobs.c.on_failure_target_id,
+            jobs.c.event_type,
+        )
         .cte("applied")
     )
     # The unnest is evaluated again for the runs (a second function scan of the same arrays,
@@ -169,7 +187,24 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
     ).join(applied, (applied.c.id == ran.c.id) & (applied.c.lease_token == ran.c.lease_token))
     written = insert(runs).from_select(run_columns, run_rows).cte("written")
     fired = _fire_children(applied, outcome.alias("settling"), reported).cte("fired")
-    return DriverStatement(select(applied.c.id, applied.c.lease_token).add_cte(written).add_cte(fired))
+    emitted = emit_occurrence_events(applied, outcome.alias("emitting"))
+    tripped = trip_auto_pauses(applied, outcome.alias("counted"))
+    return DriverStatement(
+        select(applied.c.id, applied.c.lease_token).add_cte(written).add_cte(fired).add_cte(emitted).add_cte(tripped)
+    )
+
+
+def _health_values(settled: Any) -> dict[str, Any]:
+    """The job's health bookkeeping as its occurrence settles: a success ends a failure
+    streak, a failure (dead-lettered) extends it; a pending retry changes neither."""
+    succeeded, failed = settled == ChainOn.SUCCESS.value, settled == ChainOn.FAILURE.value
+    return {
+        "last_success_at": case((succeeded, func.now()), else_=jobs.c.last_success_at),
+        "last_failure_at": case((failed, func.now()), else_=jobs.c.last_failure_at),
+        "consecutive_failures": case(
+            (succeeded, 0), (failed, jobs.c.consecutive_failures + 1), else_=jobs.c.consecutive_failures
+        ),
+    }
 
 
 def _fire_children(applied: Any, settling: Any, reported: bool) -> Any:
@@ -213,6 +248,9 @@ def _fire_children(applied: Any, settling: Any, reported: bool) -> Any:
         "cause_id": settling.c.occurrence_id,
         "fires_children": child.c.fires_children,
         "labels": child.c.labels,
+        # The chained job's callbacks are its occurrences'.
+        "on_success_target_id": child.c.on_success_target_id,
+        "on_failure_target_id": child.c.on_failure_target_id,
     }
     follows = (child.c.after_on == ChainOn.ANY.value) | (child.c.after_on == settling.c.settled)
     rows = (

@@ -21,11 +21,68 @@
 --   :param_10 = None
 --   :param_11 = None
 --   :param_12 = None
+--   :settled_1 = 'success'
+--   :settled_2 = 'failure'
+--   :param_13 = 0
+--   :consecutive_failures_1 = 1
 --   :payload_from_1 = 'parent_result'
---   :param_13 = 'scheduled'
---   :param_14 = 'once'
+--   :param_14 = 'scheduled'
+--   :param_15 = 'once'
 --   :state_1 = 'scheduled'
 --   :after_on_1 = 'any'
+--   :settled_3 = 'success'
+--   :param_28 = 'occurrence.succeeded'
+--   :param_29 = 'occurrence.dead_lettered'
+--   :param_30 = 'job_id'
+--   :param_31 = 'name'
+--   :param_32 = 'schedule_key'
+--   :param_33 = 'labels'
+--   :param_34 = 'occurrence_id'
+--   :param_35 = 'scheduled_for'
+--   :param_36 = 'attempts'
+--   :param_37 = 'outcome'
+--   :param_38 = 'status_code'
+--   :param_39 = 'error'
+--   :param_16 = 'event: '
+--   :param_17 = 'id'
+--   :param_18 = 'type'
+--   :param_19 = 'created_at'
+--   :param_20 = 'tenant_id'
+--   :param_21 = 'data'
+--   :param_22 = 'scheduled'
+--   :param_23 = 'once'
+--   :param_24 = 10
+--   :param_25 = 5.0
+--   :param_26 = 900.0
+--   :param_27 = 2.0
+--   :outcome_1 = 'success'
+--   :failures_1 = 0
+--   :consecutive_failures_2 = 0
+--   :param_61 = 0
+--   :param_62 = 'auto-paused after '
+--   :param_63 = ' failed attempts in a row'
+--   :param_64 = 'auto'
+--   :param_52 = 'target.auto_paused'
+--   :param_53 = 'target_id'
+--   :param_54 = 'name'
+--   :param_55 = 'reason'
+--   :param_56 = 'kind'
+--   :param_57 = 'auto'
+--   :param_58 = 'paused_until'
+--   :param_59 = None
+--   :param_60 = 'consecutive_failures'
+--   :param_40 = 'event: '
+--   :param_41 = 'id'
+--   :param_42 = 'type'
+--   :param_43 = 'created_at'
+--   :param_44 = 'tenant_id'
+--   :param_45 = 'data'
+--   :param_46 = 'scheduled'
+--   :param_47 = 'once'
+--   :param_48 = 10
+--   :param_49 = 5.0
+--   :param_50 = 900.0
+--   :param_51 = 2.0
 
 WITH
   applied AS
@@ -64,6 +121,22 @@ WITH
      last_heartbeat_at=:param_10::TIMESTAMP WITH TIME ZONE,
      progress=:param_11::SMALLINT,
      progress_message=:param_12::VARCHAR,
+     last_success_at=
+     CASE
+         WHEN (outcome.settled = :settled_1::VARCHAR) THEN now()
+         ELSE jobs.last_success_at
+     END,
+     last_failure_at=
+     CASE
+         WHEN (outcome.settled = :settled_2::VARCHAR) THEN now()
+         ELSE jobs.last_failure_at
+     END,
+     consecutive_failures=
+     CASE
+         WHEN (outcome.settled = :settled_1::VARCHAR) THEN :param_13::INTEGER
+         WHEN (outcome.settled = :settled_2::VARCHAR) THEN jobs.consecutive_failures + :consecutive_failures_1::INTEGER
+         ELSE jobs.consecutive_failures
+     END,
      updated_at=now(),
      finished_at=CASE
                      WHEN (outcome.new_state = :new_state_2::VARCHAR
@@ -77,7 +150,16 @@ WITH
      jobs.id,
      outcome.lease_token,
      jobs.parent_job_id,
-     jobs.fires_children),
+     jobs.fires_children,
+     jobs.tenant_id,
+     jobs.target_id,
+     jobs.partition,
+     jobs.name,
+     jobs.schedule_key,
+     jobs.labels,
+     jobs.on_success_target_id,
+     jobs.on_failure_target_id,
+     jobs.event_type),
   written AS
   (INSERT INTO runs (job_id, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, status_code, duration_ms, outcome, error, lease_token, result, reported_at) SELECT
      ran.id AS id,
@@ -99,7 +181,7 @@ WITH
    JOIN applied ON applied.id = ran.id
    AND applied.lease_token = ran.lease_token),
   fired AS
-  (INSERT INTO jobs (id, partition, tenant_id, target_id, name, payload, priority, state, schedule_kind, schedule_anchor_at, scheduled_for, run_at, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, completion, async_timeout_s, heartbeat_timeout_s, parent_job_id, cause_id, fires_children, labels) SELECT
+  (INSERT INTO jobs (id, partition, tenant_id, target_id, name, payload, priority, state, schedule_kind, schedule_anchor_at, scheduled_for, run_at, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, completion, async_timeout_s, heartbeat_timeout_s, parent_job_id, cause_id, fires_children, labels, on_success_target_id, on_failure_target_id) SELECT
      gen_random_uuid() AS id,
      child.partition AS partition,
      child.tenant_id AS tenant_id,
@@ -111,8 +193,8 @@ WITH
          ELSE child.payload
      END AS payload,
      child.priority AS priority,
-     CAST(:param_13::VARCHAR AS job_state) AS state,
-     :param_14::VARCHAR AS schedule_kind,
+     CAST(:param_14::VARCHAR AS job_state) AS state,
+     :param_15::VARCHAR AS schedule_kind,
      now() AS schedule_anchor_at,
      now() AS scheduled_for,
      now() AS run_at,
@@ -127,7 +209,9 @@ WITH
      child.id AS parent_job_id,
      settling.occurrence_id AS cause_id,
      child.fires_children AS fires_children,
-     child.labels AS labels
+     child.labels AS labels,
+     child.on_success_target_id AS on_success_target_id,
+     child.on_failure_target_id AS on_failure_target_id
    FROM applied
    JOIN unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS settling(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result) ON applied.id = settling.id
    AND settling.lease_token = applied.lease_token
@@ -139,7 +223,199 @@ WITH
      AND (child.after_on = :after_on_1::VARCHAR
           OR child.after_on = settling.settled) ON CONFLICT (
                                                                parent_job_id,
-                                                               cause_id) WHERE cause_id IS NOT NULL DO NOTHING)
+                                                               cause_id) WHERE cause_id IS NOT NULL DO NOTHING),
+  planned_occurrence_events AS
+  (SELECT
+     occurrence_events.tenant_id AS tenant_id,
+     occurrence_events.partition AS partition,
+     occurrence_events.event_type AS event_type,
+     occurrence_events.data AS data,
+     occurrence_events.dest AS dest,
+     gen_random_uuid() AS event_id
+   FROM
+     (SELECT
+        applied.tenant_id AS tenant_id,
+        applied.partition AS partition,
+        CASE
+            WHEN (emitting.settled = :settled_3::VARCHAR) THEN :param_28::VARCHAR
+            ELSE :param_29::VARCHAR
+        END AS event_type,
+        jsonb_build_object(:param_30::VARCHAR, coalesce(applied.parent_job_id, applied.id), :param_31::VARCHAR, applied.name, :param_32::VARCHAR, applied.schedule_key, :param_33::VARCHAR, applied.labels, :param_34::VARCHAR, emitting.occurrence_id, :param_35::VARCHAR, emitting.scheduled_for, :param_36::VARCHAR, emitting.attempt, :param_37::VARCHAR, emitting.outcome, :param_38::VARCHAR, emitting.status_code, :param_39::VARCHAR, emitting.error) AS data,
+        event_subscriptions.target_id AS dest
+      FROM applied
+      JOIN unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS emitting(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result) ON applied.id = emitting.id
+      AND emitting.lease_token = applied.lease_token
+      JOIN event_subscriptions ON event_subscriptions.tenant_id = applied.tenant_id
+      AND CASE
+              WHEN (emitting.settled = :settled_3::VARCHAR) THEN :param_28::VARCHAR
+              ELSE :param_29::VARCHAR
+          END = ANY (event_subscriptions.types)
+      WHERE emitting.settled IS NOT NULL
+        AND applied.event_type IS NULL
+      UNION ALL SELECT
+        applied.tenant_id AS tenant_id,
+        applied.partition AS partition,
+        CASE
+            WHEN (emitting.settled = :settled_3::VARCHAR) THEN :param_28::VARCHAR
+            ELSE :param_29::VARCHAR
+        END AS event_type,
+        jsonb_build_object(:param_30::VARCHAR, coalesce(applied.parent_job_id, applied.id), :param_31::VARCHAR, applied.name, :param_32::VARCHAR, applied.schedule_key, :param_33::VARCHAR, applied.labels, :param_34::VARCHAR, emitting.occurrence_id, :param_35::VARCHAR, emitting.scheduled_for, :param_36::VARCHAR, emitting.attempt, :param_37::VARCHAR, emitting.outcome, :param_38::VARCHAR, emitting.status_code, :param_39::VARCHAR, emitting.error) AS data,
+        CASE
+            WHEN (emitting.settled = :settled_3::VARCHAR) THEN applied.on_success_target_id
+            ELSE applied.on_failure_target_id
+        END AS dest
+      FROM applied
+      JOIN unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS emitting(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result) ON applied.id = emitting.id
+      AND emitting.lease_token = applied.lease_token
+      WHERE emitting.settled IS NOT NULL
+        AND applied.event_type IS NULL
+        AND CASE
+                WHEN (emitting.settled = :settled_3::VARCHAR) THEN applied.on_success_target_id
+                ELSE applied.on_failure_target_id
+            END IS NOT NULL) AS occurrence_events),
+  occurrence_events_written AS
+  (INSERT INTO jobs (id, partition, tenant_id, target_id, name, payload, state, schedule_kind, schedule_anchor_at, scheduled_for, run_at, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, event_type) SELECT
+     gen_random_uuid() AS id,
+     planned_occurrence_events.partition AS partition,
+     planned_occurrence_events.tenant_id AS tenant_id,
+     planned_occurrence_events.dest AS target_id,
+     concat(:param_16::VARCHAR, planned_occurrence_events.event_type) AS name,
+     jsonb_build_object(:param_17::VARCHAR, planned_occurrence_events.event_id, :param_18::VARCHAR, planned_occurrence_events.event_type, :param_19::VARCHAR, now(), :param_20::VARCHAR, planned_occurrence_events.tenant_id, :param_21::VARCHAR, planned_occurrence_events.data) AS payload,
+     CAST(:param_22::VARCHAR AS job_state) AS state,
+     :param_23::VARCHAR AS schedule_kind,
+     now() AS schedule_anchor_at,
+     now() AS scheduled_for,
+     now() AS run_at,
+     planned_occurrence_events.event_id AS occurrence_id,
+     :param_24::INTEGER AS max_attempts,
+     :param_25::FLOAT AS backoff_base_s,
+     :param_26::FLOAT AS backoff_max_s,
+     :param_27::FLOAT AS backoff_factor,
+     planned_occurrence_events.event_type AS event_type
+   FROM planned_occurrence_events
+   JOIN targets ON targets.id = planned_occurrence_events.dest
+   AND targets.tenant_id = planned_occurrence_events.tenant_id
+   AND targets.deleted_at IS NULL),
+  target_streaks AS
+  (SELECT
+     applied.target_id AS target_id,
+     bool_or(counted.outcome = :outcome_1::VARCHAR) AS any_success,
+     count(*) FILTER (
+                      WHERE counted.outcome IN ('http_error', 'timeout', 'connection_error', 'failed', 'async_timeout', 'heartbeat_timeout')) AS failures
+   FROM applied
+   JOIN unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS counted(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result) ON applied.id = counted.id
+   AND counted.lease_token = applied.lease_token
+   GROUP BY applied.target_id),
+  target_streaks_locked AS
+  (SELECT
+     before.id AS id,
+     before.paused_at AS paused_at,
+     before.consecutive_failures AS consecutive_failures,
+     target_streaks.any_success AS any_success,
+     target_streaks.failures AS failures
+   FROM targets AS
+   before
+   JOIN target_streaks ON target_streaks.target_id = before.id
+   WHERE before.auto_pause_failures IS NOT NULL
+     AND (target_streaks.failures > :failures_1::INTEGER
+          OR before.consecutive_failures > :consecutive_failures_2::INTEGER)
+   ORDER BY before.id
+   FOR UPDATE OF
+   before),
+  auto_paused AS
+  (UPDATE targets
+   SET paused_at=
+     CASE
+         WHEN (target_streaks_locked.paused_at IS NULL
+               AND CASE
+                       WHEN target_streaks_locked.any_success THEN :param_61::INTEGER
+                       ELSE target_streaks_locked.consecutive_failures + target_streaks_locked.failures
+                   END >= targets.auto_pause_failures) THEN now()
+         ELSE targets.paused_at
+     END,
+     paused_until=
+     CASE
+         WHEN (target_streaks_locked.paused_at IS NULL
+               AND CASE
+                       WHEN target_streaks_locked.any_success THEN :param_61::INTEGER
+                       ELSE target_streaks_locked.consecutive_failures + target_streaks_locked.failures
+                   END >= targets.auto_pause_failures) THEN NULL
+         ELSE targets.paused_until
+     END,
+     paused_reason=
+     CASE
+         WHEN (target_streaks_locked.paused_at IS NULL
+               AND CASE
+                       WHEN target_streaks_locked.any_success THEN :param_61::INTEGER
+                       ELSE target_streaks_locked.consecutive_failures + target_streaks_locked.failures
+                   END >= targets.auto_pause_failures) THEN concat(:param_62::VARCHAR, CASE
+                                                                                           WHEN target_streaks_locked.any_success THEN :param_61::INTEGER
+                                                                                           ELSE target_streaks_locked.consecutive_failures + target_streaks_locked.failures
+                                                                                       END, :param_63::VARCHAR)
+         ELSE targets.paused_reason
+     END,
+     pause_kind=
+     CASE
+         WHEN (target_streaks_locked.paused_at IS NULL
+               AND CASE
+                       WHEN target_streaks_locked.any_success THEN :param_61::INTEGER
+                       ELSE target_streaks_locked.consecutive_failures + target_streaks_locked.failures
+                   END >= targets.auto_pause_failures) THEN :param_64::VARCHAR
+         ELSE targets.pause_kind
+     END,
+     consecutive_failures=
+     CASE
+         WHEN target_streaks_locked.any_success THEN :param_61::INTEGER
+         ELSE target_streaks_locked.consecutive_failures + target_streaks_locked.failures
+     END,
+     updated_at=now()
+   FROM target_streaks_locked
+   WHERE targets.id = target_streaks_locked.id RETURNING
+     targets.id,
+     targets.tenant_id,
+     targets.name,
+     targets.paused_reason,
+     targets.consecutive_failures,
+     target_streaks_locked.paused_at IS NULL
+   AND CASE
+           WHEN target_streaks_locked.any_success THEN :param_61::INTEGER
+           ELSE target_streaks_locked.consecutive_failures + target_streaks_locked.failures
+       END >= targets.auto_pause_failures AS tripped),
+  planned_auto_pause_events AS
+  (SELECT
+     auto_paused.tenant_id AS tenant_id,
+     CAST(floor(random() * 256) AS SMALLINT) AS partition,
+     :param_52::VARCHAR AS event_type,
+     jsonb_build_object(:param_53::VARCHAR, auto_paused.id, :param_54::VARCHAR, auto_paused.name, :param_55::VARCHAR, auto_paused.paused_reason, :param_56::VARCHAR, :param_57::VARCHAR, :param_58::VARCHAR, :param_59::VARCHAR, :param_60::VARCHAR, auto_paused.consecutive_failures) AS data,
+     event_subscriptions.target_id AS dest,
+     gen_random_uuid() AS event_id
+   FROM auto_paused
+   JOIN event_subscriptions ON event_subscriptions.tenant_id = auto_paused.tenant_id
+   AND :param_52::VARCHAR = ANY (event_subscriptions.types)
+   WHERE auto_paused.tripped),
+  auto_pause_events_written AS
+  (INSERT INTO jobs (id, partition, tenant_id, target_id, name, payload, state, schedule_kind, schedule_anchor_at, scheduled_for, run_at, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, event_type) SELECT
+     gen_random_uuid() AS id,
+     planned_auto_pause_events.partition AS partition,
+     planned_auto_pause_events.tenant_id AS tenant_id,
+     planned_auto_pause_events.dest AS target_id,
+     concat(:param_40::VARCHAR, planned_auto_pause_events.event_type) AS name,
+     jsonb_build_object(:param_41::VARCHAR, planned_auto_pause_events.event_id, :param_42::VARCHAR, planned_auto_pause_events.event_type, :param_43::VARCHAR, now(), :param_44::VARCHAR, planned_auto_pause_events.tenant_id, :param_45::VARCHAR, planned_auto_pause_events.data) AS payload,
+     CAST(:param_46::VARCHAR AS job_state) AS state,
+     :param_47::VARCHAR AS schedule_kind,
+     now() AS schedule_anchor_at,
+     now() AS scheduled_for,
+     now() AS run_at,
+     planned_auto_pause_events.event_id AS occurrence_id,
+     :param_48::INTEGER AS max_attempts,
+     :param_49::FLOAT AS backoff_base_s,
+     :param_50::FLOAT AS backoff_max_s,
+     :param_51::FLOAT AS backoff_factor,
+     planned_auto_pause_events.event_type AS event_type
+   FROM planned_auto_pause_events
+   JOIN targets ON targets.id = planned_auto_pause_events.dest
+   AND targets.tenant_id = planned_auto_pause_events.tenant_id
+   AND targets.deleted_at IS NULL)
 SELECT
   applied.id,
   applied.lease_token
