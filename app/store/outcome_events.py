@@ -4,8 +4,8 @@ target's run of failed attempts, which pauses a target with auto_pause when it r
 (emitting target.auto_paused). All are CTEs of that one statement: no round trip is added
 per delivery, and an event commits exactly when the outcome it reports does.
 
-`applied` is the statement's UPDATE of jobs (its RETURNING columns); the `outcome` aliases
-are the batch's unnested rows, joined back by (id, lease token) as the runs are.
+`applied` is the statement's UPDATE of jobs: its RETURNING columns, with the settled
+attempt's own values (SETTLED_COLUMNS, as `settled_<name>`) from the batch row it joined.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ TARGET_FAILURES = [
 ]
 
 
-def _joined(applied: Any, outcome: Any) -> Any:
-    return applied.join(outcome, and_(outcome.c.id == applied.c.id, outcome.c.lease_token == applied.c.lease_token))
+# The batch row's columns the events need, returned by the UPDATE as settled_<name>.
+SETTLED_COLUMNS = ("settled", "outcome", "occurrence_id", "scheduled_for", "attempt", "status_code", "error")
 
 
 def _insert_events(planned: Any) -> Any:
@@ -68,11 +68,11 @@ def _subscribed(tenant_id: Any, event_type: Any) -> Any:
     return and_(event_subscriptions.c.tenant_id == tenant_id, event_type == event_subscriptions.c.types.any_())
 
 
-def emit_occurrence_events(applied: Any, outcome: Any) -> Any:
+def emit_occurrence_events(applied: Any) -> Any:
     """occurrence.succeeded / occurrence.dead_lettered for each occurrence settled here, to
     the tenant's subscriptions and to the job's own callback target; never about an event's
     own delivery."""
-    settled = outcome.c.settled
+    settled = applied.c.settled_settled
     succeeded = settled == ChainOn.SUCCESS.value
     event_type = case(
         (succeeded, literal(EventType.OCCURRENCE_SUCCEEDED.value, Text)),
@@ -85,12 +85,12 @@ def emit_occurrence_events(applied: Any, outcome: Any) -> Any:
             name=applied.c.name,
             schedule_key=applied.c.schedule_key,
             labels=applied.c.labels,
-            occurrence_id=outcome.c.occurrence_id,
-            scheduled_for=outcome.c.scheduled_for,
-            attempts=outcome.c.attempt,
-            outcome=outcome.c.outcome,
-            status_code=outcome.c.status_code,
-            error=outcome.c.error,
+            occurrence_id=applied.c.settled_occurrence_id,
+            scheduled_for=applied.c.settled_scheduled_for,
+            attempts=applied.c.settled_attempt,
+            outcome=applied.c.settled_outcome,
+            status_code=applied.c.settled_status_code,
+            error=applied.c.settled_error,
         )
     )
     common = [
@@ -102,11 +102,11 @@ def emit_occurrence_events(applied: Any, outcome: Any) -> Any:
     wanted = [settled.is_not(None), applied.c.event_type.is_(None)]
     subscribed = (
         select(*common, event_subscriptions.c.target_id.label("dest"))
-        .select_from(_joined(applied, outcome).join(event_subscriptions, _subscribed(applied.c.tenant_id, event_type)))
+        .join(event_subscriptions, _subscribed(applied.c.tenant_id, event_type))
         .where(*wanted)
     )
     callback = case((succeeded, applied.c.on_success_target_id), else_=applied.c.on_failure_target_id)
-    callbacks = select(*common, callback.label("dest")).select_from(_joined(applied, outcome)).where(*wanted)
+    callbacks = select(*common, callback.label("dest")).where(*wanted)
     callbacks = callbacks.where(callback.is_not(None))
     both = union_all(subscribed, callbacks).subquery("occurrence_events")
     # A CTE of its own: gen_random_uuid() is volatile, so it is evaluated once per row and
@@ -115,20 +115,20 @@ def emit_occurrence_events(applied: Any, outcome: Any) -> Any:
     return _insert_events(planned).cte("occurrence_events_written")
 
 
-def trip_auto_pauses(applied: Any, outcome: Any) -> Any:
+def trip_auto_pauses(applied: Any) -> Any:
     """Each auto-pausing target's run of failed attempts: a success in the batch ends it,
     failures extend it, and reaching auto_pause_failures pauses the target (pause_kind auto)
     and emits target.auto_paused. Only targets with auto_pause and with failures (or a run
     to end) are locked, in id order, so two batches never wait on each other in a cycle."""
     # Constants in the text, as state_in writes states: the statement is compiled once.
-    failed = outcome.c.outcome.in_([literal_column(f"'{failure.value}'") for failure in TARGET_FAILURES])
+    outcome = applied.c.settled_outcome
+    failed = outcome.in_([literal_column(f"'{failure.value}'") for failure in TARGET_FAILURES])
     streaks = (
         select(
             applied.c.target_id,
-            func.bool_or(outcome.c.outcome == RunOutcome.SUCCESS.value).label("any_success"),
+            func.bool_or(outcome == RunOutcome.SUCCESS.value).label("any_success"),
             func.count().filter(failed).label("failures"),
         )
-        .select_from(_joined(applied, outcome))
         .group_by(applied.c.target_id)
         .cte("target_streaks")
     )

@@ -30,7 +30,7 @@
 --   :param_15 = 'once'
 --   :state_1 = 'scheduled'
 --   :after_on_1 = 'any'
---   :settled_3 = 'success'
+--   :settled_settled_1 = 'success'
 --   :param_28 = 'occurrence.succeeded'
 --   :param_29 = 'occurrence.dead_lettered'
 --   :param_30 = 'job_id'
@@ -55,7 +55,7 @@
 --   :param_25 = 5.0
 --   :param_26 = 900.0
 --   :param_27 = 2.0
---   :outcome_1 = 'success'
+--   :settled_outcome_1 = 'success'
 --   :failures_1 = 0
 --   :consecutive_failures_2 = 0
 --   :param_61 = 0
@@ -159,7 +159,14 @@ WITH
      jobs.labels,
      jobs.on_success_target_id,
      jobs.on_failure_target_id,
-     jobs.event_type),
+     jobs.event_type,
+     outcome.settled AS settled_settled,
+     outcome.outcome AS settled_outcome,
+     outcome.occurrence_id AS settled_occurrence_id,
+     outcome.scheduled_for AS settled_scheduled_for,
+     outcome.attempt AS settled_attempt,
+     outcome.status_code AS settled_status_code,
+     outcome.error AS settled_error),
   written AS
   (INSERT INTO runs (job_id, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, status_code, duration_ms, outcome, error, lease_token, result, reported_at) SELECT
      ran.id AS id,
@@ -237,40 +244,36 @@ WITH
         applied.tenant_id AS tenant_id,
         applied.partition AS partition,
         CASE
-            WHEN (emitting.settled = :settled_3::VARCHAR) THEN :param_28::VARCHAR
+            WHEN (applied.settled_settled = :settled_settled_1::VARCHAR) THEN :param_28::VARCHAR
             ELSE :param_29::VARCHAR
         END AS event_type,
-        jsonb_build_object(:param_30::VARCHAR, coalesce(applied.parent_job_id, applied.id), :param_31::VARCHAR, applied.name, :param_32::VARCHAR, applied.schedule_key, :param_33::VARCHAR, applied.labels, :param_34::VARCHAR, emitting.occurrence_id, :param_35::VARCHAR, emitting.scheduled_for, :param_36::VARCHAR, emitting.attempt, :param_37::VARCHAR, emitting.outcome, :param_38::VARCHAR, emitting.status_code, :param_39::VARCHAR, emitting.error) AS data,
+        jsonb_build_object(:param_30::VARCHAR, coalesce(applied.parent_job_id, applied.id), :param_31::VARCHAR, applied.name, :param_32::VARCHAR, applied.schedule_key, :param_33::VARCHAR, applied.labels, :param_34::VARCHAR, applied.settled_occurrence_id, :param_35::VARCHAR, applied.settled_scheduled_for, :param_36::VARCHAR, applied.settled_attempt, :param_37::VARCHAR, applied.settled_outcome, :param_38::VARCHAR, applied.settled_status_code, :param_39::VARCHAR, applied.settled_error) AS data,
         event_subscriptions.target_id AS dest
       FROM applied
-      JOIN unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS emitting(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result) ON applied.id = emitting.id
-      AND emitting.lease_token = applied.lease_token
       JOIN event_subscriptions ON event_subscriptions.tenant_id = applied.tenant_id
       AND CASE
-              WHEN (emitting.settled = :settled_3::VARCHAR) THEN :param_28::VARCHAR
+              WHEN (applied.settled_settled = :settled_settled_1::VARCHAR) THEN :param_28::VARCHAR
               ELSE :param_29::VARCHAR
           END = ANY (event_subscriptions.types)
-      WHERE emitting.settled IS NOT NULL
+      WHERE applied.settled_settled IS NOT NULL
         AND applied.event_type IS NULL
       UNION ALL SELECT
         applied.tenant_id AS tenant_id,
         applied.partition AS partition,
         CASE
-            WHEN (emitting.settled = :settled_3::VARCHAR) THEN :param_28::VARCHAR
+            WHEN (applied.settled_settled = :settled_settled_1::VARCHAR) THEN :param_28::VARCHAR
             ELSE :param_29::VARCHAR
         END AS event_type,
-        jsonb_build_object(:param_30::VARCHAR, coalesce(applied.parent_job_id, applied.id), :param_31::VARCHAR, applied.name, :param_32::VARCHAR, applied.schedule_key, :param_33::VARCHAR, applied.labels, :param_34::VARCHAR, emitting.occurrence_id, :param_35::VARCHAR, emitting.scheduled_for, :param_36::VARCHAR, emitting.attempt, :param_37::VARCHAR, emitting.outcome, :param_38::VARCHAR, emitting.status_code, :param_39::VARCHAR, emitting.error) AS data,
+        jsonb_build_object(:param_30::VARCHAR, coalesce(applied.parent_job_id, applied.id), :param_31::VARCHAR, applied.name, :param_32::VARCHAR, applied.schedule_key, :param_33::VARCHAR, applied.labels, :param_34::VARCHAR, applied.settled_occurrence_id, :param_35::VARCHAR, applied.settled_scheduled_for, :param_36::VARCHAR, applied.settled_attempt, :param_37::VARCHAR, applied.settled_outcome, :param_38::VARCHAR, applied.settled_status_code, :param_39::VARCHAR, applied.settled_error) AS data,
         CASE
-            WHEN (emitting.settled = :settled_3::VARCHAR) THEN applied.on_success_target_id
+            WHEN (applied.settled_settled = :settled_settled_1::VARCHAR) THEN applied.on_success_target_id
             ELSE applied.on_failure_target_id
         END AS dest
       FROM applied
-      JOIN unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS emitting(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result) ON applied.id = emitting.id
-      AND emitting.lease_token = applied.lease_token
-      WHERE emitting.settled IS NOT NULL
+      WHERE applied.settled_settled IS NOT NULL
         AND applied.event_type IS NULL
         AND CASE
-                WHEN (emitting.settled = :settled_3::VARCHAR) THEN applied.on_success_target_id
+                WHEN (applied.settled_settled = :settled_settled_1::VARCHAR) THEN applied.on_success_target_id
                 ELSE applied.on_failure_target_id
             END IS NOT NULL) AS occurrence_events),
   occurrence_events_written AS
@@ -299,12 +302,10 @@ WITH
   target_streaks AS
   (SELECT
      applied.target_id AS target_id,
-     bool_or(counted.outcome = :outcome_1::VARCHAR) AS any_success,
+     bool_or(applied.settled_outcome = :settled_outcome_1::VARCHAR) AS any_success,
      count(*) FILTER (
-                      WHERE counted.outcome IN ('http_error', 'timeout', 'connection_error', 'failed', 'async_timeout', 'heartbeat_timeout')) AS failures
+                      WHERE applied.settled_outcome IN ('http_error', 'timeout', 'connection_error', 'failed', 'async_timeout', 'heartbeat_timeout')) AS failures
    FROM applied
-   JOIN unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS counted(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result) ON applied.id = counted.id
-   AND counted.lease_token = applied.lease_token
    GROUP BY applied.target_id),
   target_streaks_locked AS
   (SELECT
