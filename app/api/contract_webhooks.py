@@ -1,10 +1,17 @@
 """The requests cronhook sends, as the OpenAPI document's `webhooks`: a delivery, with its
-Standard Webhooks signature and cronhook's own headers, and an async delivery, with its
-completion URL (app/domain/completion.py). app/api/contract.py puts them in the contract."""
+Standard Webhooks signature and cronhook's own headers; an async delivery, with its
+completion URL (app/domain/completion.py); and one entry per event type (app/domain/
+events.py), an event's delivery, signed as any, with its body's schema (app/api/schemas/
+events.py). app/api/contract.py puts them in the contract."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from app.api.schemas.events import EVENT_BODIES
+from app.domain.events import EVENT_MAX_ATTEMPTS
 
 
 def _header(description: str, example: str) -> dict[str, Any]:
@@ -109,4 +116,54 @@ def async_webhook_operation() -> dict[str, Any]:
                 "2XX": {"description": "Done: the attempt succeeded"},
             },
         }
+    }
+
+
+_EVENT_DELIVERY = (
+    "Delivered as a one-off job to each subscribed target, signed with its secret as any delivery, and "
+    f"retried with backoff ({EVENT_MAX_ATTEMPTS} attempts over about 36 minutes, then the dead-letter queue, "
+    "where it can be replayed). The webhook-id is the event's: deduplicate by it. An event's own delivery is "
+    "never the subject of another event."
+)
+
+
+def _operation_id(event_type: str) -> str:
+    """`check.down` -> receiveCheckDownEvent."""
+    words = event_type.replace("_", ".").split(".")
+    return "receive" + "".join(word.capitalize() for word in words) + "Event"
+
+
+def event_webhook_operations(schemas: dict[str, Any]) -> dict[str, Any]:
+    """One webhook per event type, its body's schema added to `schemas` (the document's
+    components)."""
+    models = sorted(set(EVENT_BODIES.values()), key=lambda model: model.__name__)
+    _, top = models_json_schema(
+        [(model, "serialization") for model in models], ref_template="#/components/schemas/{model}"
+    )
+    schemas.update(top.get("$defs", {}))
+    delivery = webhook_operation()["post"]
+    operations: dict[str, Any] = {}
+    for event_type, model in EVENT_BODIES.items():
+        operations[event_type.value] = {
+            "post": {
+                "operationId": _operation_id(event_type.value),
+                "summary": f"The `{event_type.value}` event, delivered to its subscribed targets",
+                "description": f"{' '.join((model.__doc__ or '').split())} {_EVENT_DELIVERY}",
+                "parameters": delivery["parameters"],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+                },
+                "responses": {"2XX": {"description": "Received"}},
+            }
+        }
+    return operations
+
+
+def webhooks(schemas: dict[str, Any]) -> dict[str, Any]:
+    """The document's `webhooks`: deliveries, async deliveries, then each event type."""
+    return {
+        "delivery": webhook_operation(),
+        "asyncDelivery": async_webhook_operation(),
+        **event_webhook_operations(schemas),
     }

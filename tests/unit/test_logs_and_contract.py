@@ -99,6 +99,9 @@ def test_every_error_answer_is_declared_as_problem_json() -> None:
             if path.startswith("/v1/completions/"):
                 # No API key (the token is the capability); an ended attempt is a 409 or 410.
                 assert 401 not in errors and {404, 409, 410, 429, 503} <= set(errors), (method, path)
+            elif path.startswith("/v1/checks/ping/"):
+                # No API key either (the ping URL's token); an unknown one is a 404, too many a 429.
+                assert 401 not in errors and {404, 429, 503} <= set(errors), (method, path)
             else:
                 assert {401, 503} <= set(errors), (method, path)
             if "{" in path:
