@@ -52,7 +52,11 @@ DEFINITION = (
     "heartbeat_timeout_s",
     "async_counts_in_flight",
     "labels",
+    "auto_pause",
 )
+# Fields added to the definition after ETags were first given out: in the tag only when set,
+# so a target that does not use them keeps its tag.
+_TAGGED_WHEN_SET = ("auto_pause",)
 # Fields PATCH cannot remove: `null` is a 422 (app/api/contract.py's NOT_NULLABLE_ON_UPDATE).
 _NOT_NULLABLE = ("name", "url", "timeout_s", "completion", "async_counts_in_flight")
 # Keys the ETag's MAC with one of its own, apart from the completion tokens' (same ring).
@@ -89,12 +93,15 @@ def definition_of(body: TargetDefinition, settings: Settings) -> dict[str, Any]:
         "heartbeat_timeout_s": body.heartbeat_timeout_s,
         "async_counts_in_flight": True if body.async_counts_in_flight is None else body.async_counts_in_flight,
         "labels": body.labels or {},
+        "auto_pause": None if body.auto_pause is None else body.auto_pause.model_dump(),
     }
 
 
 def row_definition(row: Any, key_ring: KeyRing) -> dict[str, Any]:
     """A stored target's definition, header values opened (compared and MACed, never shown)."""
-    definition = {name: row[name] for name in DEFINITION}
+    definition = {name: row[name] for name in DEFINITION if name != "auto_pause"}
+    failures = row["auto_pause_failures"]
+    definition["auto_pause"] = None if failures is None else {"consecutive_failures": failures}
     definition["headers"] = key_ring.open_headers(row["headers"] or {})
     definition["completion"] = str(row["completion"])
     return definition
@@ -104,7 +111,11 @@ def etag(row: Any, key_ring: KeyRing) -> str:
     """The definition's strong ETag: changes with any field of it (a header's value too), not
     with a rotated secret. A MAC under the key ring rather than a plain hash, so the tag tells
     nothing about the header values it covers; it changes once when the ring's first key does."""
-    canonical = json.dumps(row_definition(row, key_ring), sort_keys=True, separators=(",", ":"))
+    definition = row_definition(row, key_ring)
+    for name in _TAGGED_WHEN_SET:
+        if definition[name] is None:
+            del definition[name]
+    canonical = json.dumps(definition, sort_keys=True, separators=(",", ":"))
     key = hmac.new(key_ring.mac_keys[0], _ETAG_CONTEXT, hashlib.sha256).digest()
     return '"' + hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()[:32] + '"'
 
@@ -146,7 +157,13 @@ async def create_target(
             for field in ("completion", "async_timeout_s", "heartbeat_timeout_s", "async_counts_in_flight")
         },
         labels=definition["labels"],
+        auto_pause_failures=_auto_pause_failures(definition["auto_pause"]),
     )
+
+
+def _auto_pause_failures(auto_pause: dict[str, int] | None) -> int | None:
+    """The auto_pause_failures column of an auto_pause (null: none)."""
+    return None if auto_pause is None else auto_pause["consecutive_failures"]
 
 
 async def change_target(
@@ -167,6 +184,8 @@ async def change_target(
         changes["headers"] = {}
     if "labels" in changes and changes["labels"] is None:
         changes["labels"] = {}
+    if "auto_pause" in changes:
+        changes["auto_pause_failures"] = _auto_pause_failures(changes.pop("auto_pause"))
     check_timeout(settings, changes.get("timeout_s"))
     await check_egress(settings, changes.get("url"))
     if not changes:

@@ -55,9 +55,11 @@ __all__ = [
     "IntervalMode",
     "MisfirePolicy",
     "NextAfterRun",
+    "OnResume",
     "OverlapPolicy",
     "Recurrence",
     "Skipped",
+    "due_delay",
     "first_fire_time",
     "next_after_run",
     "plan_due",
@@ -89,6 +91,17 @@ class MisfirePolicy(enum.StrEnum):
     SKIP = "skip"
     FIRE_ONCE = "fire_once"
     CATCH_UP = "catch_up"
+
+
+class OnResume(enum.StrEnum):
+    """What a resume does with the occurrences held while their target (or tenant) was paused."""
+
+    # Each held occurrence is delivered however late: due again from its release, when the
+    # misfire grace starts to count (see due_delay).
+    DELIVER_ALL = "deliver_all"
+    # Each goes back to the time it had, so its job's misfire policy judges it as if it had
+    # never been held.
+    MISFIRE_POLICY = "misfire_policy"
 
 
 class OverlapPolicy(enum.StrEnum):
@@ -203,6 +216,17 @@ def _ends_when_no_fire_time_left(ended: _Plan) -> Callable[[Callable[_Args, _Pla
     return decorate
 
 
+def due_delay(scheduled_for: dt.datetime, due_at: dt.datetime | None, jitter: dt.timedelta) -> dt.timedelta:
+    """How long after its fire time `scheduled_for` an occurrence was due to run (`due_at`,
+    its run_at when claimed; None: unknown), at least its `jitter`: plan_due's `fire_delay`,
+    from which the misfire grace counts. Only a resume makes it longer than the jitter: an
+    occurrence held while its target was paused and released with deliver_all is due from its
+    release, not late for the pause (OnResume)."""
+    if due_at is None:
+        return jitter
+    return max(jitter, due_at - scheduled_for)
+
+
 @_ends_when_no_fire_time_left(DuePlan(None, NO_SKIPS, None, "schedule"))
 def plan_due(
     rec: Recurrence,
@@ -213,9 +237,9 @@ def plan_due(
 ) -> DuePlan:
     """What to deliver now that the occurrence due at `scheduled_for` has been claimed.
 
-    Within misfire_grace_s of its fire time (`scheduled_for`, or `fire_delay` after it for a
-    jittered occurrence, which is not late for its jitter), or claimed early, the occurrence
-    is on time.
+    Within misfire_grace_s of its fire time (`scheduled_for`, or `fire_delay` after it: for a
+    jittered occurrence, which is not late for its jitter, or one released from a hold, which
+    is not late for the pause, see due_delay), or claimed early, the occurrence is on time.
     Later, the late fire times are those from `scheduled_for` up to `now` (and end_at), and
     the misfire policy picks which one to deliver; the ones before it are missed:
     SKIP delivers the earliest one still within the grace, if any; FIRE_ONCE the latest one;

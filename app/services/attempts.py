@@ -21,7 +21,7 @@ from app import metrics
 from app.domain.completion import completion_url, mint_token
 from app.domain.job import ClaimedJob, FinishedAttempt, OpenedAttempt
 from app.domain.lifecycle import after_attempt
-from app.domain.occurrences import next_after_run, plan_due
+from app.domain.occurrences import due_delay, next_after_run, plan_due
 from app.domain.schedule import jitter_delay
 from app.domain.states import JobState
 from app.keyring import KeyRing
@@ -183,9 +183,11 @@ class AttemptRunner:
         assert job.recurrence is not None
         rec = job.recurrence
         now = _db_clock(job, claimed_mono)
-        # A jittered occurrence is late only past its own fire time's grace.
+        # A jittered occurrence is late only past its own fire time's grace; one a resume
+        # released from a hold, only past the grace from its release.
+        jitter = jitter_delay(job.id, job.scheduled_for, rec.jitter_s)
         plan = plan_due(
-            rec, job.scheduled_for, job.occurrences_run, now, jitter_delay(job.id, job.scheduled_for, rec.jitter_s)
+            rec, job.scheduled_for, job.occurrences_run, now, due_delay(job.scheduled_for, job.due_at, jitter)
         )
         if plan.deliver_at == job.scheduled_for:
             return job

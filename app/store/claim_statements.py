@@ -52,7 +52,7 @@ from app.domain.fair_share import ClaimShares
 from app.domain.partition import PARTITION_COUNT
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.states import CLAIMABLE_STATES, JobState
-from app.store.job_rows import CLAIMED_JOB_COLUMNS
+from app.store.job_rows import CLAIMED_JOB_COLUMNS, HELD
 from app.store.tables import int_constant, jobs, partition_leases, state_in, targets, tenants
 from app.store.targets import target_saturated_ids
 
@@ -79,7 +79,9 @@ def claim_statement(fenced: bool, skipping_full: bool) -> DriverStatement:
     conditions = [
         state_in(CLAIMABLE_STATES),
         jobs.c.run_at <= func.now(),
-        # A target at its limit does not crowd the batch: its jobs wait, others go ahead.
+        # A target at its limit does not crowd the batch: its jobs wait, others go ahead. A
+        # paused one's (or its tenant's) wait for the resume: the reaper holds them soon
+        # (app/services/hold_watch.py), so that no scan walks past them.
         jobs.c.target_id.not_in(select(saturated.c.id)),
     ]
     if fenced:
@@ -111,6 +113,8 @@ def claim_statement(fenced: bool, skipping_full: bool) -> DriverStatement:
             due.c.id.label("candidate_id"),
             due.c.target_id.label("candidate_target_id"),
             due.c.limited.label("candidate_limited"),
+            # The run_at each was due at (the lease clears it): the misfire check's due time.
+            due.c.run_at.label("candidate_run_at"),
             probe.c.db_now,
             probe.c.next_due_at,
         )
@@ -132,6 +136,9 @@ def _lease_values() -> dict[str, Any]:
         "lease_token": func.gen_random_uuid(),
         "lease_expires_at": func.now() + lease,
         "run_at": None,
+        # A held_run_at left from a hold the job has moved on from (PATCHed, resumed by
+        # itself) ends here: only a held occurrence carries one (app/store/pauses.py).
+        "held_run_at": None,
         "updated_at": func.now(),
     }
 
@@ -239,6 +246,7 @@ def _fair_ranking(candidates: Any) -> Any:
             by_tenant.c.id,
             by_tenant.c.target_id,
             by_tenant.c.limited,
+            by_tenant.c.run_at,
             func.row_number().over(order_by=order).label("rank"),
         )
         .where(by_tenant.c.tenant_rank <= by_tenant.c.tenant_free)
@@ -273,7 +281,8 @@ def _owned_partitions() -> Any:
 
 def _next_due_at(fenced: bool) -> Any:
     """The earliest run_at still ahead among waiting jobs (in the held partitions when
-    fenced): one short index probe per priority level (ix_jobs_due), however large the table."""
+    fenced): one short index probe per priority level (ix_jobs_due), however large the table.
+    Held occurrences (run_at HELD) are never due: a scheduler does not plan to wake for them."""
     partition_held = jobs.c.partition == func.any(cast(bindparam("partitions", type_=Text), ARRAY(SmallInteger)))
     firsts = [
         select(jobs.c.run_at)
@@ -281,6 +290,7 @@ def _next_due_at(fenced: bool) -> Any:
             state_in(CLAIMABLE_STATES),
             jobs.c.priority == int_constant(level),
             jobs.c.run_at > func.now(),
+            jobs.c.run_at < HELD,
             *([partition_held] if fenced else []),
         )
         .order_by(jobs.c.run_at)
@@ -316,9 +326,9 @@ def _limited_conditions(fenced: bool) -> list[ColumnElement[bool]]:
 @functools.cache
 def lock_limited_statement(fenced: bool) -> Any:
     """Locks the limited candidates still claimable, for the slots and the lease that follow
-    in the same transaction."""
+    in the same transaction; with the run_at each is due at (the lease clears it)."""
     return (
-        select(jobs.c.id, jobs.c.target_id)
+        select(jobs.c.id, jobs.c.target_id, jobs.c.run_at)
         .where(*_limited_conditions(fenced))
         .with_for_update(skip_locked=True, of=jobs)
     )

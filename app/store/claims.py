@@ -167,7 +167,8 @@ async def _lease_limited(
     if fenced:
         values["epoch_by_partition"] = params["epoch_by_partition"]
     async with _transaction(conn):
-        still = set((await conn.execute(lock_limited_statement(fenced), values)).scalars())
+        locked = await conn.execute(lock_limited_statement(fenced), values)
+        still = {row.id: row.run_at for row in locked}
         candidates = [row for row in limited_rows if row["candidate_id"] in still]
         if not candidates:
             return []
@@ -180,7 +181,8 @@ async def _lease_limited(
         if not ids:
             return []
         more = await conn.execute(lease_limited_statement(fenced), {**values, "ids": ids})
-        return list(more.mappings().all())
+        # With the run_at each was due at, as the claim statement's own rows have it.
+        return [{**row, "candidate_run_at": still[row["id"]]} for row in more.mappings()]
 
 
 @contextlib.asynccontextmanager

@@ -21,7 +21,7 @@ from app.domain.completion import ASYNC_OWNER
 from app.domain.signing import new_signing_secret
 from app.domain.states import TERMINAL_STATES, JobState
 from app.keyring import SIGNING_SECRET, KeyRing
-from app.store.tables import jobs, state_in, targets
+from app.store.tables import jobs, state_in, targets, tenants
 
 # Everything but the secret: reads never return it.
 PUBLIC_COLUMNS = (
@@ -38,6 +38,13 @@ PUBLIC_COLUMNS = (
     targets.c.async_timeout_s,
     targets.c.heartbeat_timeout_s,
     targets.c.async_counts_in_flight,
+    # Pause and hold (app/store/pauses.py), and auto-pause after failed attempts in a row.
+    targets.c.paused_at,
+    targets.c.paused_until,
+    targets.c.paused_reason,
+    targets.c.pause_kind,
+    targets.c.auto_pause_failures,
+    targets.c.consecutive_failures,
     targets.c.created_at,
     targets.c.updated_at,
 )
@@ -79,6 +86,7 @@ async def target_create(
     rate_per_s: float | None = None,
     completion: dict[str, Any] | None = None,
     labels: dict[str, str] | None = None,
+    auto_pause_failures: int | None = None,
 ) -> tuple[RowMapping, str]:
     """The public row and the new signing secret. `completion`: the completion columns set
     (app/domain/completion.py), else their defaults."""
@@ -96,6 +104,7 @@ async def target_create(
             rate_per_s=rate_per_s,
             **(completion or {}),
             labels=labels or {},
+            auto_pause_failures=auto_pause_failures,
             signing_secret=key_ring.seal(secret, SIGNING_SECRET),
         )
         .returning(*PUBLIC_COLUMNS)
@@ -136,6 +145,10 @@ async def target_update(
         changes = {**changes, "rate_tokens": None, "rate_updated_at": None}
     if changes.get("headers"):
         changes = {**changes, "headers": key_ring.seal_headers(changes["headers"])}
+    if "auto_pause_failures" in changes and changes["auto_pause_failures"] is None:
+        # Without auto-pause no run of failures is kept (the outcome statement skips the
+        # target): one kept now would be stale when auto-pause is set again.
+        changes = {**changes, "consecutive_failures": 0}
     stmt = (
         update(targets)
         .where(target_live(tenant_id, target_id))
@@ -243,12 +256,21 @@ def _in_flight() -> Any:
     )
 
 
+def target_paused() -> ColumnElement[bool]:
+    """The target is paused, or its tenant is (app/store/pauses.py): none of its occurrences
+    is claimed until the resume."""
+    paused_tenants = select(tenants.c.id).where(tenants.c.paused_at.is_not(None))
+    return or_(targets.c.paused_at.is_not(None), targets.c.tenant_id.in_(paused_tenants))
+
+
 def target_saturated_ids() -> Any:
-    """Targets that can take no delivery right now (at max_in_flight, or out of tokens)."""
+    """Targets that can take no delivery right now (at max_in_flight, out of tokens, or
+    paused)."""
     return select(targets.c.id).where(
         or_(
             and_(targets.c.max_in_flight.is_not(None), _in_flight() >= targets.c.max_in_flight),
             and_(targets.c.rate_per_s.is_not(None), _tokens_now() < 1),
+            target_paused(),
         )
     )
 
@@ -269,11 +291,13 @@ async def target_take_delivery_slots(conn: AsyncConnection, wanted: dict[uuid.UU
         targets.c.rate_per_s,
         _tokens_now().label("tokens"),
         _in_flight().label("in_flight"),
+        # Paused since the claim statement's snapshot (an auto-pause just tripped): none.
+        target_paused().label("paused"),
     ).where(targets.c.id.in_(list(wanted)))
     granted: dict[uuid.UUID, int] = {}
     tokens_left: dict[uuid.UUID, float] = {}
     for row in await conn.execute(stmt):
-        allowed = wanted[row.id]
+        allowed = 0 if row.paused else wanted[row.id]
         if row.max_in_flight is not None:
             allowed = min(allowed, max(0, row.max_in_flight - row.in_flight))
         if row.rate_per_s is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import re
 import uuid
 from typing import Annotated, Any
@@ -159,10 +160,31 @@ AsyncCountsInFlight = Annotated[
 ]
 
 
+class AutoPause(RequestModel):
+    """Pause the target (pause_kind `auto`, event target.auto_paused) after this many failed
+    attempts in a row across its jobs; a resume starts the count again."""
+
+    consecutive_failures: Annotated[int, Field(strict=True, ge=1, le=10_000)]
+
+
+AutoPauseField = Annotated[
+    AutoPause | None,
+    Field(
+        description="Pause the target after `consecutive_failures` failed attempts in a row across its jobs "
+        "(receiver errors, timeouts, connection errors); null: never"
+    ),
+]
+
+
 def check_async_timeouts(async_timeout_s: int | None, heartbeat_timeout_s: int | None) -> None:
     """A heartbeat timeout longer than the attempt's own could never fire: refused."""
     if not heartbeat_fits(async_timeout_s, heartbeat_timeout_s):
         raise PydanticCustomError("heartbeat_too_long", "heartbeat_timeout_s must not exceed async_timeout_s")
+
+
+class PauseKind(enum.StrEnum):
+    MANUAL = "manual"
+    AUTO = "auto"
 
 
 # A target's name: free text, not unique (PUT /v1/targets/by-name/{name} refuses an ambiguous one).
@@ -194,6 +216,7 @@ class TargetDefinition(RequestModel):
     heartbeat_timeout_s: HeartbeatTimeout = None
     async_counts_in_flight: AsyncCountsInFlight = None
     labels: Labels | None = Field(default=None, description="Up to 16 key/value pairs to find the target by")
+    auto_pause: AutoPauseField = None
 
     _url = field_validator("url")(_check_url)
     _headers = field_validator("headers")(_check_headers)
@@ -221,6 +244,7 @@ class TargetUpdate(RequestModel):
     heartbeat_timeout_s: HeartbeatTimeout = None
     async_counts_in_flight: AsyncCountsInFlight = None
     labels: Labels | None = None
+    auto_pause: AutoPauseField = None
 
     @model_validator(mode="after")
     def _timeouts(self) -> TargetUpdate:
@@ -249,6 +273,18 @@ class TargetPublic(BaseModel):
     async_timeout_s: int | None
     heartbeat_timeout_s: int | None
     async_counts_in_flight: bool
+    # Defaults: a create's response stored for an Idempotency-Key before these existed still reads.
+    paused: bool = Field(default=False, description="Paused: its occurrences are held until it is resumed")
+    paused_at: dt.datetime | None = Field(default=None, description="When this target was paused")
+    paused_until: dt.datetime | None = Field(default=None, description="When its pause ends by itself")
+    paused_reason: str | None = None
+    pause_kind: PauseKind | None = Field(
+        default=None, description="`manual` (POST /v1/targets/{id}/pause) or `auto` (its auto_pause tripped)"
+    )
+    auto_pause: AutoPause | None = None
+    consecutive_failures: int = Field(
+        default=0, description="Failed attempts in a row across its jobs (counted while auto_pause is set)"
+    )
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -306,6 +342,18 @@ def target_public(row: Any) -> TargetPublic:
         async_timeout_s=row["async_timeout_s"],
         heartbeat_timeout_s=row["heartbeat_timeout_s"],
         async_counts_in_flight=row["async_counts_in_flight"],
+        paused=row["paused_at"] is not None,
+        paused_at=row["paused_at"],
+        paused_until=row["paused_until"],
+        paused_reason=row["paused_reason"],
+        pause_kind=row["pause_kind"],
+        auto_pause=auto_pause_of(row["auto_pause_failures"]),
+        consecutive_failures=row["consecutive_failures"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
+
+
+def auto_pause_of(failures: int | None) -> AutoPause | None:
+    """The auto_pause a target's auto_pause_failures column stands for."""
+    return None if failures is None else AutoPause(consecutive_failures=failures)
