@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections import Counter as Tally
+from collections.abc import Mapping
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -32,6 +33,7 @@ from prometheus_client import (
 )
 from prometheus_client import multiprocess as _multiprocess
 
+from app.domain.health import Health
 from app.domain.job import AttemptOutcome, ClaimedJob, RunOutcome
 from app.logs import log_event
 
@@ -104,6 +106,13 @@ ASYNC_COMPLETION_SECONDS = Histogram(
 )
 ASYNC_TIMEOUTS = Counter(
     "cronhook_async_timeouts_total", "Open async attempts failed by the reaper, by kind (async, heartbeat)", ["kind"]
+)
+JOBS_BY_HEALTH = Gauge(
+    "cronhook_jobs_by_health",
+    "Unfinished jobs (event deliveries aside) by the health they show: healthy, late, failing, paused, unknown "
+    "(all tenants; sampled by the reaper's health watch)",
+    ["health"],
+    multiprocess_mode="livemax",
 )
 API_REQUESTS = Counter("cronhook_api_requests_total", "API requests", ["method", "route", "status"])
 API_SECONDS = Histogram("cronhook_api_request_duration_seconds", "API request latency", ["method", "route"])
@@ -240,6 +249,31 @@ def backlog_observed(
     DUE_BACKLOG.labels(replica).set(due)
     HELD_BACK.labels(replica).set(held_back)
     OLDEST_DUE_AGE.labels(replica).set(max(0.0, (now - oldest_due_at).total_seconds()) if oldest_due_at else 0.0)
+
+
+class _Sampled:
+    """When a gauge a reaper pass samples was last set (time.monotonic()): a sample that costs
+    a scan is taken less often than the pass runs."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def due(self, every_s: float, now: float) -> bool:
+        return self.at is None or now - self.at >= every_s
+
+
+_jobs_by_health_sampled = _Sampled()
+
+
+def jobs_by_health_due(every_s: float) -> bool:
+    """Whether the jobs-by-health gauge was last sampled `every_s` ago or more (or never)."""
+    return _jobs_by_health_sampled.due(every_s, time.monotonic())
+
+
+def jobs_by_health(counts: Mapping[Health, int]) -> None:
+    for health, count in counts.items():
+        JOBS_BY_HEALTH.labels(health.value).set(count)
+    _jobs_by_health_sampled.at = time.monotonic()
 
 
 def db_oldest_operation(role: str, age_s: float) -> None:

@@ -17,14 +17,15 @@ from app.api.quota_checks import ensure_job_within_quotas
 from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobUpdate
 from app.domain.chains import ChainOn
-from app.domain.job_plan import COMPLETION_FIELDS, RECURRENCE_FIELDS, SCHEDULE_FIELDS
-from app.domain.job_updates import plan_update
+from app.domain.job_plan import CALLBACK_FIELDS, COMPLETION_FIELDS, RECURRENCE_FIELDS, SCHEDULE_FIELDS, plan_expect
+from app.domain.job_updates import Rescheduled, plan_update
 from app.domain.schedule import ScheduleKind, hash_seed
 from app.domain.states import CHANGEABLE_STATES, TERMINAL_STATES, JobState
 from app.settings import Settings
 from app.store import jobs as store
 from app.store.chains import job_mark_fires_children
 from app.store.job_rows import job_change_columns, policy_from_row, recurrence_from_row, schedule_from_row
+from app.store.targets import target_lock_live
 
 
 def state_conflict(row: RowMapping, action: str) -> Problem:
@@ -68,6 +69,34 @@ async def _chain_changes(
         changes.update(after_job_id=body.after.job_id, after_on=(body.after.on or ChainOn.SUCCESS).value)
     if "payload_from" in given:
         changes["payload_from"] = body.payload_from
+    return changes
+
+
+async def _health_changes(
+    conn: AsyncConnection, tenant_id: uuid.UUID, row: RowMapping, body: JobUpdate, rescheduled: Rescheduled | None
+) -> dict[str, Any]:
+    """What a PATCH changes of the job's health thresholds (`expect`, recurring jobs only: a
+    job that becomes a one-off drops them) and callback targets (live targets of the tenant;
+    null removes one)."""
+    given = body.model_fields_set
+    changes: dict[str, Any] = {}
+    recurring = row["schedule_kind"] in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
+    if rescheduled is not None:
+        recurring = rescheduled.recurrence is not None
+    has_expect = row["expect_success_within_s"] is not None or row["expect_max_consecutive_failures"] is not None
+    if "expect" in given or (has_expect and not recurring):
+        expect = plan_expect(body.expect, recurring=recurring) if "expect" in given else None
+        changes.update(
+            expect_success_within_s=None if expect is None else expect.success_within_s,
+            expect_max_consecutive_failures=None if expect is None else expect.max_consecutive_failures,
+        )
+    for name in CALLBACK_FIELDS:
+        if name not in given:
+            continue
+        target_id = getattr(body, name)
+        if target_id is not None and not await target_lock_live(conn, tenant_id, target_id):
+            raise Problem(422, "no such target", slug="validation", field=name)
+        changes[name] = target_id
     return changes
 
 
@@ -117,6 +146,7 @@ async def change_job(
     changes.update(job_change_columns(planned, row["id"]))
     # The job's own completion settings: from its next attempt (an open one keeps its own).
     changes.update({name: getattr(body, name) for name in COMPLETION_FIELDS if name in given})
+    changes.update(await _health_changes(conn, tenant_id, row, body, planned.rescheduled))
     if not changes:
         return row
     updated = await store.job_update(conn, job_id, state, changes)

@@ -38,7 +38,8 @@ from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobCreate, JobPublic, job_public
 from app.db.errors import is_transient_db_error
 from app.db.watch import DB_WATCH
-from app.domain.job_plan import PlanError, plan_create
+from app.domain.job import NewJob
+from app.domain.job_plan import CALLBACK_FIELDS, PlanError, plan_create
 from app.domain.schedule import ScheduleError
 from app.ids import new_ids
 from app.logs import REQUEST_ID
@@ -97,12 +98,29 @@ async def planned_job(
     schedule's PUT), checked against the tenant's limits but not counted again."""
     payload = ensure_payload_fits(body.payload, settings)
     new = plan_create(body, caller.tenant_id, settings.default_retry_policy, caller.now, job_id)
+    await ensure_callback_targets(conn, caller.tenant_id, [("", new)])
     # Quotas: the tenant's limits and unfinished-job count are cached (app/api/quotas.py), so
     # this costs a round trip only when the cache lapses.
     await ensure_job_within_quotas(
         conn, quotas, caller.tenant_id, new.schedule, new.policy, caller.now, new_jobs=0 if job_id else 1
     )
     return PreparedJob.of(new, payload, job_id)
+
+
+async def ensure_callback_targets(
+    conn: AsyncConnection, tenant_id: uuid.UUID, planned: Sequence[tuple[str, NewJob]]
+) -> None:
+    """Each job's callback targets (on_success_target_id, on_failure_target_id) are live
+    targets of the tenant: else a 422 naming the field (after its prefix, `jobs[i].` in a
+    batch). A look-up only when some job has one: most creates have none."""
+    wanted = {getattr(new, field) for _, new in planned for field in CALLBACK_FIELDS} - {None}
+    if not wanted:
+        return
+    live = await target_lock_live_many(conn, tenant_id, wanted)
+    for prefix, new in planned:
+        for field in CALLBACK_FIELDS:
+            if getattr(new, field) not in (None, *live):
+                raise Problem(422, "no such target", slug="validation", field=f"{prefix}{field}")
 
 
 async def create_prepared(
@@ -209,6 +227,7 @@ async def create_batch(
         except (ScheduleError, PlanError, Problem) as refused:
             raise _item_field(refused, index) from None
         batch.append(PreparedJob.of(new, payload, job_id))
+    await ensure_callback_targets(conn, tenant_id, [(f"jobs[{index}].", job.new) for index, job in enumerate(batch)])
     await ensure_room_for_jobs(conn, quotas, tenant_id, new_jobs=len(batch))
     live = await target_lock_live_many(conn, tenant_id, {job.new.target_id for job in batch})
     for index, job in enumerate(batch):

@@ -27,11 +27,12 @@ from app.api.chains import cancel_chain_below, lock_parent
 from app.api.checks import ensure_payload_fits
 from app.api.errors import Problem
 from app.api.job_changes import change_job
-from app.api.job_creates import not_created_problem
+from app.api.job_creates import ensure_callback_targets, not_created_problem
 from app.api.quota_checks import check_job_within_limits, ensure_room_for_jobs
 from app.api.quotas import Quotas
 from app.api.schedule_upserts import check_key, definition_changes, refuse_delay, shown_changes, update_of
 from app.api.schemas.jobs import JobCreate
+from app.domain.job import NewJob
 from app.domain.job_plan import PlanError, plan_create
 from app.domain.schedule import ScheduleError
 from app.ids import new_ids
@@ -120,6 +121,7 @@ async def apply_set(
     new_jobs: list[tuple[int, SetItem, PreparedJob]] = []
     changes: list[tuple[int, RowMapping, Any, list[str]]] = []
     adopted: list[uuid.UUID] = []
+    planned: list[tuple[str, NewJob]] = []
     for index, (item, job_id) in enumerate(zip(items, new_ids(len(items)), strict=True)):
         row = existing.get(item.key)
         if row is not None and row["schedule_set"] not in (None, set_name):
@@ -136,6 +138,7 @@ async def apply_set(
             check_job_within_limits(limits, new.schedule, new.policy, caller.now)
         except (ScheduleError, PlanError, Problem) as refused:
             raise _at(index, refused) from None
+        planned.append((f"schedules[{index}].", new))
         if row is None:
             new_jobs.append((index, item, PreparedJob.of(new, payload, job_id)))
             plan.created.append(item.key)
@@ -151,6 +154,7 @@ async def apply_set(
             continue
         changes.append((index, row, update_of(new, changed, item), changed))
         plan.changed[item.key] = shown_changes(changed)
+    await ensure_callback_targets(conn, tenant_id, planned)
     unlisted = await job_set_members_unlisted(conn, tenant_id, set_name, keys) if prune else []
     plan.pruned = sorted(row["schedule_key"] for row in unlisted)
 

@@ -98,7 +98,23 @@ def row_definition(row: Any) -> dict[str, Any]:
         definition.update({name: _plain(row[name]) for name in _RECURRENCE})
         if kind != "interval":
             definition["interval_mode"] = None
-    return definition
+    expect = _expect(row["expect_success_within_s"], row["expect_max_consecutive_failures"])
+    return definition | _health_fields(expect, row["on_success_target_id"], row["on_failure_target_id"])
+
+
+def _expect(success_within_s: int | None, max_consecutive_failures: int | None) -> dict[str, Any] | None:
+    if success_within_s is None and max_consecutive_failures is None:
+        return None
+    return {"success_within_s": success_within_s, "max_consecutive_failures": max_consecutive_failures}
+
+
+def _health_fields(
+    expect: dict[str, Any] | None, on_success: uuid.UUID | None, on_failure: uuid.UUID | None
+) -> dict[str, Any]:
+    """A definition's `expect` and callback targets, those set only: a definition that sets
+    none keeps the ETag it had before they existed."""
+    fields = {"expect": expect, "on_success_target_id": on_success, "on_failure_target_id": on_failure}
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def schedule_definition(row: Any) -> dict[str, Any]:
@@ -154,7 +170,8 @@ def new_definition(new: NewJob) -> dict[str, Any]:
             end_at=rec.bounds.end_at,
             max_runs=rec.bounds.max_runs,
         )
-    return definition
+    expect = None if new.expect is None else _expect(new.expect.success_within_s, new.expect.max_consecutive_failures)
+    return definition | _health_fields(expect, new.on_success_target_id, new.on_failure_target_id)
 
 
 def _plain(value: Any) -> Any:
@@ -224,7 +241,8 @@ def update_of(new: NewJob, changed: list[str], body: JobCreate) -> JobUpdate:
         elif name == "payload":
             values["payload"] = body.payload
         else:
-            values[name] = desired[name]
+            # expect and the callback targets are absent when unset: null removes them.
+            values[name] = desired.get(name)
     return JobUpdate.model_validate(values)
 
 

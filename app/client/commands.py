@@ -171,6 +171,7 @@ def _add_job_commands(sub: Any) -> None:
     listing = _verb(jobs, "list", job_verbs.jobs_list, "list jobs, newest first")
     listing.add_argument("--state")
     listing.add_argument("--target")
+    listing.add_argument("--health", help="only jobs showing this health: healthy, late, failing, paused, unknown")
     _list_arguments(listing, 50)
     for action, help_text in (
         ("get", "show a job"),

@@ -18,10 +18,11 @@ from app.domain.states import TERMINAL_STATES
 Shown = tuple[Any, tuple[str, ...]]
 Handler = Callable[[ApiClient, argparse.Namespace], Shown | None]
 
-JOB_COLUMNS = ("id", "name", "state", "schedule", "next_run_at", "attempt", "last_status_code")
+JOB_COLUMNS = ("id", "name", "state", "health", "schedule", "next_run_at", "attempt", "last_status_code")
 JOB_DETAIL = (
-    "id", "key", "name", "labels", "state", "target_id", "schedule", "completion", "priority", "next_run_at",
-    "attempt", "max_attempts", "runs", "last_status_code", "last_error", "payload", "created_at",
+    "id", "key", "name", "labels", "state", "health", "target_id", "schedule", "completion", "priority",
+    "next_run_at", "attempt", "max_attempts", "runs", "last_status_code", "last_error", "last_success_at",
+    "last_failure_at", "consecutive_failures", "expect", "payload", "created_at",
 )  # fmt: skip
 RUN_COLUMNS = ("scheduled_for", "attempt", "outcome", "status_code", "duration_ms", "finished_at", "error")
 # Async runs (open, or finished with a receiver's report) add a column after the outcome.
@@ -155,7 +156,7 @@ def jobs_update(api: ApiClient, args: argparse.Namespace) -> Shown:
 
 
 def jobs_list(api: ApiClient, args: argparse.Namespace) -> Shown:
-    params = {"state": args.state, "target_id": args.target}
+    params = {"state": args.state, "target_id": args.target, "health": args.health}
     limit = None if args.all else args.limit
     return with_schedule(api.pages("/v1/jobs", params, limit, JOBS_PAGE_MAX, args.cursor)), JOB_COLUMNS
 

@@ -45,13 +45,14 @@ SCHEDULES_PAGE_MAX = 200
 # A target's fields in an export (GET /v1/targets/{id}); headers are left to the server.
 EXPORTED_TARGET_FIELDS = (
     "url", "timeout_s", "retry_on_status", "max_in_flight", "rate_per_s", "completion", "async_timeout_s",
-    "heartbeat_timeout_s", "async_counts_in_flight", "labels",
+    "heartbeat_timeout_s", "async_counts_in_flight", "labels", "auto_pause",
 )  # fmt: skip
 # What PUT /v1/targets/by-name gives a field the file leaves out (app/api/target_upserts.py),
 # for a dry run's comparison; timeout_s's default is a server setting, so it is not compared.
 TARGET_DEFAULTS: dict[str, Any] = {
     "headers": {}, "retry_on_status": None, "max_in_flight": None, "rate_per_s": None, "completion": "sync",
     "async_timeout_s": None, "heartbeat_timeout_s": None, "async_counts_in_flight": True, "labels": {},
+    "auto_pause": None,
 }  # fmt: skip
 _ITEM_FIELD = re.compile(r"^schedules\[(\d+)\](?:\.(.+))?$")
 

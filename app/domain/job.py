@@ -15,6 +15,7 @@ from typing import Any
 
 from app.domain.chains import ChainLink
 from app.domain.completion import SYNC, CompletionSettings
+from app.domain.health import Expect
 from app.domain.lifecycle import AttemptContext, NextStep
 from app.domain.occurrences import Recurrence
 from app.domain.retry import RetryPolicy
@@ -68,6 +69,11 @@ class NewJob:
     after: ChainLink | None = None
     # Key/value pairs to find the job by.
     labels: dict[str, str] | None = None
+    # A recurring job's own health thresholds (app/domain/health.py); None: its tenant's.
+    expect: Expect | None = None
+    # Targets told of each occurrence that succeeded / failed (events, app/domain/events.py).
+    on_success_target_id: uuid.UUID | None = None
+    on_failure_target_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,10 @@ class ClaimedJob:
     completion: CompletionSettings = SYNC
     # An occurrence of a chained job: the parent occurrence that caused it.
     cause_id: uuid.UUID | None = None
+    # When it was due to run: its run_at as claimed (None where not read, as by the reaper).
+    # Later than its fire time and jitter only when a resume released it from a hold
+    # (app/domain/occurrences.py: due_delay).
+    due_at: dt.datetime | None = None
 
     @property
     def fire_at(self) -> dt.datetime | None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from app.domain.chains import ChainLink, ChainOn
 from app.domain.completion import heartbeat_fits
 from app.domain.cron_hash import has_hash
+from app.domain.health import Expect
 from app.domain.job import JobCompletion, NewJob
 from app.domain.occurrences import Bounds, IntervalMode, MisfirePolicy, OverlapPolicy, Recurrence, first_fire_time
 from app.domain.retry import RetryPolicy
@@ -117,6 +118,15 @@ class ChainFields(Protocol):
     def on(self) -> ChainOn | None: ...
 
 
+class ExpectFields(Protocol):
+    """A request's `expect`: a recurring job's own health thresholds."""
+
+    @property
+    def success_within_s(self) -> int | None: ...
+    @property
+    def max_consecutive_failures(self) -> int | None: ...
+
+
 class NewJobFields(JobFields, Protocol):
     """A create request: the job's own fields as well."""
 
@@ -136,6 +146,12 @@ class NewJobFields(JobFields, Protocol):
     def payload_from(self) -> str | None: ...
     @property
     def labels(self) -> dict[str, str] | None: ...
+    @property
+    def expect(self) -> ExpectFields | None: ...
+    @property
+    def on_success_target_id(self) -> uuid.UUID | None: ...
+    @property
+    def on_failure_target_id(self) -> uuid.UUID | None: ...
 
 
 def plan_create(
@@ -158,6 +174,7 @@ def plan_create(
     seed = None if job_id is None else hash_seed(tenant_id, job_id)
     schedule = parse_fields_schedule(fields, fields.cron, fields.timezone, now, seed)
     recurrence, anchor_at, first_fire_at = plan_recurrence(fields, schedule, now)
+    expect = plan_expect(fields.expect, recurring=recurrence is not None)
     return NewJob(
         tenant_id=tenant_id,
         target_id=fields.target_id,
@@ -173,6 +190,9 @@ def plan_create(
         completion=job_completion(fields),
         id=job_id,
         labels=fields.labels,
+        expect=expect,
+        on_success_target_id=fields.on_success_target_id,
+        on_failure_target_id=fields.on_failure_target_id,
     )
 
 
@@ -186,6 +206,7 @@ def _plan_chained(
         if name in sent and getattr(fields, name) is not None:
             raise ScheduleError(name, "a chained job (after) runs when its parent settles: it takes no schedule")
     link = ChainLink(after.job_id, after.on or ChainOn.SUCCESS, fields.payload_from)
+    plan_expect(fields.expect, recurring=False)
     return NewJob(
         tenant_id=tenant_id,
         target_id=fields.target_id,
@@ -199,10 +220,26 @@ def _plan_chained(
         completion=job_completion(fields),
         after=link,
         labels=fields.labels,
+        on_success_target_id=fields.on_success_target_id,
+        on_failure_target_id=fields.on_failure_target_id,
     )
 
 
 COMPLETION_FIELDS = ("completion", "async_timeout_s", "heartbeat_timeout_s")
+# The targets told of each settled occurrence (events to them, app/domain/events.py).
+CALLBACK_FIELDS = ("on_success_target_id", "on_failure_target_id")
+
+
+def plan_expect(fields: ExpectFields | None, *, recurring: bool) -> Expect | None:
+    """A job's own health thresholds (app/domain/health.py), or None when it sets none: only
+    a recurring job has a schedule to keep."""
+    if fields is None:
+        return None
+    if not recurring:
+        raise PlanError("expect", "applies only to a recurring job (cron or every_s)")
+    if fields.success_within_s is None and fields.max_consecutive_failures is None:
+        raise PlanError("expect", "give success_within_s, max_consecutive_failures or both (or null for none)")
+    return Expect(fields.success_within_s, fields.max_consecutive_failures)
 
 
 def job_completion(fields: JobFields) -> JobCompletion | None:

@@ -31,8 +31,10 @@ from sqlalchemy import (
     func,
     literal,
     literal_column,
+    or_,
     select,
     text,
+    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID, insert
 from sqlalchemy.engine import RowMapping
@@ -41,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.db.driver import DriverStatement, driver_fetch_one
 from app.domain.states import TERMINAL_STATES, JobState
 from app.ids import new_id
+from app.store.health import target_paused_of_job
 from app.store.job_rows_new import (
     ALWAYS_ARRAYS,
     COLUMN_NAMES,
@@ -50,7 +53,7 @@ from app.store.job_rows_new import (
     job_arrays,
     job_values,
 )
-from app.store.tables import DEDUP_KEY_LIVE, api_keys, audit_log, job_state, jobs, targets
+from app.store.tables import DEDUP_KEY_LIVE, api_keys, audit_log, job_state, jobs, targets, tenants
 from app.store.targets import target_live, target_share_lock_live
 
 _UUID = UUID(as_uuid=True)
@@ -91,7 +94,9 @@ def insert_many_statement() -> Any:
     """The INSERT of `job_insert_many`: the rows as they come, one array per column."""
     new = _rows()
     selected = _insert_select(new, _TENANT_ID).select_from(new)
-    return insert(jobs).from_select(list(selected.selected_columns.keys()), selected).returning(*CREATED_COLUMNS)
+    # Whether each job's target (or tenant) is paused, for the health its answer shows.
+    returned = (*CREATED_COLUMNS, target_paused_of_job().label("target_paused"))
+    return insert(jobs).from_select(list(selected.selected_columns.keys()), selected).returning(*returned)
 
 
 def _insert_if_new(selected: Select[Any]) -> Any:
@@ -132,6 +137,10 @@ def create_one_statement(key_checked: bool) -> DriverStatement:
                 api_keys.c.revoked_at.is_(None),
             )
         )
+    # Whether the target (or its tenant) is paused, for the health the answer shows: the
+    # target's row is read for its lock anyway, the tenant's is one look-up by key.
+    tenant_paused = exists().where(tenants.c.id == _TENANT_ID, tenants.c.paused_at.is_not(None))
+    live = live.add_columns(or_(targets.c.paused_at.is_not(None), tenant_paused).label("target_paused"))
     live_target = live.cte("live_target")
     values: dict[str, ColumnElement[Any]] = {name: bindparam(name, type_=type_) for name, type_ in NEW_JOB_COLUMNS}
     values.update(
@@ -160,8 +169,11 @@ def create_one_statement(key_checked: bool) -> DriverStatement:
         .from_select(["tenant_id", "api_key_id", "actor", "action", "object_id", "request_id"], audit_row)
         .cte("audited")
     )
-    columns = [*created.c, func.now().label("db_now")] if key_checked else list(created.c)
-    return DriverStatement(select(*columns).add_cte(audited))
+    columns = [*created.c, live_target.c.target_paused]
+    if key_checked:
+        columns.append(func.now().label("db_now"))
+    answer = select(*columns).select_from(created).join(live_target, true())
+    return DriverStatement(answer.add_cte(audited))
 
 
 # Built once: every create hits SQLAlchemy's compiled cache and asyncpg's prepared statements.

@@ -76,6 +76,12 @@ NEW_JOB_COLUMNS: tuple[tuple[str, TypeEngine[Any]], ...] = (
     ("payload_from", Text()),
     # Labels as JSON text, cast in SQL ('{}' for most: a batch sends it once).
     ("labels", Text()),
+    # A recurring job's own health thresholds, and its callback targets (NULL each for most:
+    # a batch sends them once).
+    ("expect_success_within_s", Integer()),
+    ("expect_max_consecutive_failures", Integer()),
+    ("on_success_target_id", _UUID),
+    ("on_failure_target_id", _UUID),
 )
 
 # What a create returns of the job it wrote: every column but an open async attempt's, which
@@ -138,6 +144,7 @@ assert COLUMN_NAMES == (
     *("completion", "async_timeout_s", "heartbeat_timeout_s"),
     *("after_job_id", "after_on", "payload_from"),
     "labels",
+    *("expect_success_within_s", "expect_max_consecutive_failures", "on_success_target_id", "on_failure_target_id"),
 )
 _schedule_in_order = operator.itemgetter(*_SCHEDULE_COLUMNS)
 _policy_in_order = operator.itemgetter(*_POLICY_COLUMNS)
@@ -148,6 +155,9 @@ _ONE_OFF = _recurrence_in_order(_ONE_OFF_RECURRENCE)
 _INHERITED = (None, None, None)
 _UNCHAINED = (None, None, None)
 _NO_LABELS = "{}"
+# A job with no thresholds of its own, and no callbacks.
+_NO_EXPECT = (None, None)
+_NO_CALLBACKS = (None, None)
 # A chained job's schedule columns: no fire time of its own.
 _AFTER = (ScheduleKind.AFTER, None, None, "UTC", None)
 
@@ -198,6 +208,12 @@ def job_values(prepared: PreparedJob, occurrence_id: uuid.UUID) -> tuple[Any, ..
         ),
         *(_UNCHAINED if after is None else (after.parent_id, after.on.value, after.payload_from)),
         _NO_LABELS if not new.labels else json.dumps(new.labels, sort_keys=True, separators=(",", ":")),
+        *(_NO_EXPECT if new.expect is None else (new.expect.success_within_s, new.expect.max_consecutive_failures)),
+        *(
+            _NO_CALLBACKS
+            if new.on_success_target_id is None and new.on_failure_target_id is None
+            else (new.on_success_target_id, new.on_failure_target_id)
+        ),
     )
 
 

@@ -16,9 +16,11 @@ from sqlalchemy import Text, and_, case, cast, func, literal, or_, select, updat
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.health import Health
 from app.domain.schedule import ScheduleKind
 from app.domain.states import CANCELLABLE_STATES, PAUSABLE_STATES, JobState
 from app.store.completions import job_open_attempt_for_cancel, run_insert_cancelled
+from app.store.health import health_column, with_health
 from app.store.job_inserts import job_insert_many
 from app.store.job_rows import NO_LEASE
 from app.store.job_rows_new import PreparedJob
@@ -44,8 +46,12 @@ async def job_create_many(conn: AsyncConnection, batch: list[PreparedJob]) -> li
     return await job_insert_many(conn, batch)
 
 
+# A job as the API answers it: every column, and the health it shows (app/store/health.py).
+_JOB = (*jobs.c, health_column())
+
+
 async def job_get(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:
-    stmt = select(jobs).where(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id)
+    stmt = select(*_JOB).where(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id)
     return (await conn.execute(stmt)).mappings().one_or_none()
 
 
@@ -61,13 +67,15 @@ async def job_list(
     labels: dict[str, str] | None = None,
     with_payload: bool = True,
     with_payload_bytes: bool = False,
+    health: Health | None = None,
 ) -> list[RowMapping]:
-    """Newest first. Without `with_payload`, a page's memory does not grow with payload
-    sizes; `with_payload_bytes` adds each payload's JSON text size (`payload_bytes`)."""
+    """Newest first, each with the health it shows (only those showing `health`, if given).
+    Without `with_payload`, a page's memory does not grow with payload sizes;
+    `with_payload_bytes` adds each payload's JSON text size (`payload_bytes`)."""
     columns: list[Any] = [*jobs.c] if with_payload else [*LIST_COLUMNS]
     if with_payload_bytes:
         columns.append(func.octet_length(cast(jobs.c.payload, Text)).label("payload_bytes"))
-    stmt = select(*columns).where(jobs.c.tenant_id == tenant_id)
+    stmt = with_health(select(*columns).where(jobs.c.tenant_id == tenant_id), health)
     if state is not None:
         stmt = stmt.where(jobs.c.state == state)
     if target_id is not None:
@@ -107,7 +115,7 @@ async def _job_transition(
         update(jobs)
         .where(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id, jobs.c.state.in_([s.value for s in from_states]))
         .values(**values, updated_at=func.now())
-        .returning(*jobs.c)
+        .returning(*_JOB)
     )
     return (await conn.execute(stmt)).mappings().one_or_none()
 
@@ -126,7 +134,7 @@ async def job_cancel(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.U
 
 async def job_lock(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.UUID) -> RowMapping | None:
     """The job, row-locked for this transaction (a change computed from it stays valid)."""
-    stmt = select(jobs).where(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id).with_for_update()
+    stmt = select(*_JOB).where(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id).with_for_update(of=jobs)
     return (await conn.execute(stmt)).mappings().one_or_none()
 
 
@@ -152,6 +160,8 @@ async def job_resume(conn: AsyncConnection, tenant_id: uuid.UUID, job_id: uuid.U
         "run_at": case(
             (retrying, func.now()), (jobs.c.schedule_kind == ScheduleKind.AFTER, None), else_=jobs.c.scheduled_for
         ),
+        # Health: fire times the pause kept from running are not failures (app/domain/health.py).
+        "resumed_at": func.now(),
     }
     return await _job_transition(conn, tenant_id, job_id, (JobState.PAUSED,), values)
 
@@ -164,6 +174,6 @@ async def job_update(
         update(jobs)
         .where(jobs.c.id == job_id, jobs.c.state == expected)
         .values(**changes, updated_at=func.now())
-        .returning(*jobs.c)
+        .returning(*_JOB)
     )
     return (await conn.execute(stmt)).mappings().one_or_none()

@@ -168,11 +168,14 @@ async def job_settle_due_plan(
 
     With `deliver_at`, the claimed occurrence becomes the one due then (the delivery follows).
     Without, nothing is delivered: the job waits for `next_at`, or ends (succeeded, with
-    `ended`) when there is none. Missed fire times are recorded as `missed` runs.
+    `ended`) when there is none. Missed fire times are recorded as `missed` runs, and count
+    against the job's health as failed occurrences (app/domain/health.py).
     Returns False when the lease was lost meanwhile (nothing is written).
     """
     guard = _leased(job.id, job.lease_token)
     values = {"scheduled_for": deliver_at} if deliver_at is not None else _next_occurrence_values(job, next_at, ended)
+    if missed.total:
+        values.update(_missed_values(missed.total))
     stmt = update(jobs).where(*guard).values(**values, updated_at=func.now()).returning(jobs.c.id)
     if (await conn.execute(stmt)).first() is None:
         return False
@@ -180,6 +183,18 @@ async def job_settle_due_plan(
     if rows:
         await run_insert_many(conn, rows)
     return True
+
+
+def _missed_values(count: int) -> dict[str, Any]:
+    """Health bookkeeping for fire times the misfire policy gave up: each a failed occurrence
+    (a failure streak grows by them, as by a dead-lettered one; a success ends it)."""
+    # Fire times kept from running by a deliberate pause (the occurrence came due before the
+    # job, its target or its tenant was resumed) do not count.
+    paused_away = func.coalesce(jobs.c.resumed_at > jobs.c.scheduled_for, False)
+    return {
+        "consecutive_failures": jobs.c.consecutive_failures + case((paused_away, 0), else_=count),
+        "last_failure_at": case((paused_away, jobs.c.last_failure_at), else_=func.now()),
+    }
 
 
 def _next_occurrence_values(job: ClaimedJob, next_at: dt.datetime | None, ended: EndReason | None) -> dict[str, Any]:

@@ -10,10 +10,14 @@ from sqlalchemy.dialects.postgresql import UUID, insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.domain.health import TENANT_DEFAULT_FIELDS
 from app.domain.quotas import LIMIT_FIELDS
 from app.store.tables import api_rate_buckets, jobs, tenant_limits
 from app.store.targets import target_live
 
+# What a tenant_limits row holds: the quota overrides, and the tenant's schedule health
+# defaults (app/domain/health.py).
+STORED_FIELDS = (*LIMIT_FIELDS, *TENANT_DEFAULT_FIELDS)
 # Matches the predicate of the partial index ix_jobs_tenant_active.
 FINISHED_STATES = ("succeeded", "dead", "cancelled")
 # A bucket holds this many seconds' worth of requests: short bursts pass.
@@ -21,11 +25,11 @@ BURST_S = 2.0
 
 
 async def tenant_limits_get(conn: AsyncConnection, tenant_id: uuid.UUID) -> dict[str, Any]:
-    """The tenant's overrides (a field absent or null: the default applies)."""
+    """The tenant's overrides and health defaults (a field absent or null: the default applies)."""
     row = (
         (
             await conn.execute(
-                select(*(tenant_limits.c[name] for name in LIMIT_FIELDS)).where(tenant_limits.c.tenant_id == tenant_id)
+                select(*(tenant_limits.c[name] for name in STORED_FIELDS)).where(tenant_limits.c.tenant_id == tenant_id)
             )
         )
         .mappings()
@@ -36,7 +40,7 @@ async def tenant_limits_get(conn: AsyncConnection, tenant_id: uuid.UUID) -> dict
 
 async def tenant_limits_set(conn: AsyncConnection, tenant_id: uuid.UUID, overrides: dict[str, Any]) -> dict[str, Any]:
     """Sets the given overrides (None clears one back to the default); returns all of them."""
-    values = {name: overrides[name] for name in LIMIT_FIELDS if name in overrides}
+    values = {name: overrides[name] for name in STORED_FIELDS if name in overrides}
     stmt = insert(tenant_limits).values(tenant_id=tenant_id, **values)
     stmt = stmt.on_conflict_do_update(index_elements=["tenant_id"], set_={**values, "updated_at": func.now()})
     await conn.execute(stmt)

@@ -1,4 +1,5 @@
-"""/v1/admin (admin key): API keys of every tenant, and per-tenant quota overrides."""
+"""/v1/admin (admin key): API keys of every tenant, and per-tenant quota overrides and schedule
+health defaults."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
+from pydantic import Field
 
 from app.api.audit import request_id_of
-from app.api.deps import Admin, Conn, QuotasDep
+from app.api.deps import Admin, Conn, QuotasDep, SettingsDep
 from app.api.errors import Problem
 from app.api.quotas import Quotas
+from app.api.schemas.health import MAX_CONSECUTIVE_FAILURES, MAX_SUCCESS_WITHIN_S
 from app.api.schemas.security import (
     ApiKeyCreate,
     ApiKeyCreated,
@@ -19,11 +22,28 @@ from app.api.schemas.security import (
     TenantLimitsPublic,
     TenantLimitsUpdate,
 )
+from app.domain.health import TENANT_DEFAULT_FIELDS
+from app.domain.quotas import LIMIT_FIELDS
+from app.settings import Settings
 from app.store.audit import audit_append
 from app.store.quotas import tenant_limits_get, tenant_limits_set
 from app.store.tenants import api_key_create_row, api_key_list, api_key_revoke, tenant_ensure, tenant_get_id
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Admin])
+
+
+class TenantLimitsOverrides(TenantLimitsUpdate):
+    """Per-tenant overrides (null or absent: the CRONHOOK_TENANT_* default), and the defaults
+    of schedule health for the tenant's jobs that set no `expect` (null or absent: the
+    CRONHOOK_EXPECT_* settings)."""
+
+    expect_success_within_s: Annotated[int | None, Field(strict=True, ge=1, le=MAX_SUCCESS_WITHIN_S)] = Field(
+        default=None, description="A recurring job is failing when no occurrence succeeded within this many seconds"
+    )
+    expect_max_consecutive_failures: Annotated[int | None, Field(strict=True, ge=1, le=MAX_CONSECUTIVE_FAILURES)] = (
+        Field(default=None, description="A job is failing after this many failed occurrences in a row")
+    )
+
 
 TenantName = Annotated[str | None, Query(min_length=1, max_length=200, description="Only this tenant's keys")]
 
@@ -75,31 +95,44 @@ async def revoke_api_key(key_id: uuid.UUID, conn: Conn, request: Request) -> Api
     return ApiKeyPublic.model_validate(dict(row))
 
 
-async def _limits_public(conn: Conn, quotas: Quotas, tenant: str, tenant_id: uuid.UUID) -> TenantLimitsPublic:
+async def _limits_public(
+    conn: Conn, quotas: Quotas, settings: Settings, tenant: str, tenant_id: uuid.UUID
+) -> TenantLimitsPublic:
     overrides: dict[str, Any] = await tenant_limits_get(conn, tenant_id)
-    effective = await quotas.limits(conn, tenant_id)
+    effective = dataclasses.asdict(await quotas.limits(conn, tenant_id))
+    # Health defaults: the tenant's, else the settings' (a deadline may be none at all).
+    for name in TENANT_DEFAULT_FIELDS:
+        value = overrides.get(name)
+        if (value := getattr(settings, name) if value is None else value) is not None:
+            effective[name] = value
     return TenantLimitsPublic(
         tenant=tenant,
-        effective=dataclasses.asdict(effective),
-        overrides={name: overrides.get(name) for name in dataclasses.asdict(effective)},
+        effective=effective,
+        overrides={name: overrides.get(name) for name in (*LIMIT_FIELDS, *TENANT_DEFAULT_FIELDS)},
     )
 
 
 @router.get("/tenants/{tenant}/limits", operation_id="adminGetTenantLimits")
-async def get_limits(tenant: str, conn: Conn, quotas: QuotasDep) -> TenantLimitsPublic:
+async def get_limits(tenant: str, conn: Conn, quotas: QuotasDep, settings: SettingsDep) -> TenantLimitsPublic:
     tenant_id = await _existing_tenant(conn, tenant)
     quotas.forget(tenant_id)
-    return await _limits_public(conn, quotas, tenant, tenant_id)
+    return await _limits_public(conn, quotas, settings, tenant, tenant_id)
 
 
 @router.put("/tenants/{tenant}/limits", operation_id="adminSetTenantLimits")
 async def set_limits(
-    tenant: str, body: TenantLimitsUpdate, conn: Conn, quotas: QuotasDep, request: Request
+    tenant: str,
+    body: TenantLimitsOverrides,
+    conn: Conn,
+    quotas: QuotasDep,
+    settings: SettingsDep,
+    request: Request,
 ) -> TenantLimitsPublic:
-    """Replaces the tenant's overrides (a field left out or null: the default applies).
-    Other replicas apply a change within 5 s."""
+    """Replaces the tenant's overrides and health defaults (a field left out or null: the
+    default applies). Other replicas apply a change of quotas within 5 s; the health watch
+    applies new health defaults at its next pass."""
     tenant_id = await _existing_tenant(conn, tenant)
     await tenant_limits_set(conn, tenant_id, body.model_dump())
     quotas.forget(tenant_id)
     await _audit(conn, request, tenant_id, "adminSetTenantLimits", tenant)
-    return await _limits_public(conn, quotas, tenant, tenant_id)
+    return await _limits_public(conn, quotas, settings, tenant, tenant_id)

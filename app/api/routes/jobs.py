@@ -20,6 +20,7 @@ from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, Idempote
 from app.api.job_creates import CREATE_JOB, QuickCreate, create_one
 from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public, open_run
 from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
+from app.domain.health import Health
 from app.domain.states import JobState
 from app.store import jobs as store
 from app.store.audit import audit_append
@@ -109,6 +110,9 @@ async def list_jobs(
         uuid.UUID | None, Query(description="The jobs chained after this one (its children in a chain)")
     ] = None,
     labels: LabelFilter = None,
+    health: Annotated[
+        Health | None, Query(description="Only the jobs showing this health (e.g. `failing`: README, Schedule health)")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
     include: IncludePayload = None,
@@ -128,6 +132,7 @@ async def list_jobs(
         labels=labels,
         with_payload=False,
         with_payload_bytes=include is not None,
+        health=health,
     )
     if include is None:
         return page_of(rows, limit, job_public)

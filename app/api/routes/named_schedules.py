@@ -3,10 +3,12 @@ deleted by their key. HTTP only: the upsert is app/api/schedule_upserts.py."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.engine import RowMapping
 
 from app.api.audit import Audited, request_id_of
 from app.api.chains import cancel_chain_below
@@ -32,6 +34,16 @@ KeyPath = Annotated[
 _ETAG_HEADER = {
     "ETag": {"description": "The schedule's definition: send it back in If-Match", "schema": {"type": "string"}}
 }
+
+
+async def _answered(conn: Conn, tenant_id: uuid.UUID, row: RowMapping) -> RowMapping:
+    """The schedule's job as the API answers it, with the health it shows: read again when
+    the statement that found it (by key) did not say."""
+    if "health" in row:
+        return row
+    found = await store.job_get(conn, tenant_id, row["id"])
+    assert found is not None, "the job was just read in this transaction"
+    return found
 
 
 @router.get("", operation_id="listSchedules", response_model=Page[dict[str, Any]])
@@ -77,7 +89,9 @@ async def put_named_schedule(
     )
     # A new schedule's audit row went in with its job (the create statement's own).
     request.state.audited = done.created
-    shown = NamedSchedule(**job_public(done.row).model_dump(), changed=done.changed)
+    shown = NamedSchedule(
+        **job_public(await _answered(conn, caller.tenant_id, done.row)).model_dump(), changed=done.changed
+    )
     return JSONResponse(
         shown.model_dump(mode="json"), status_code=201 if done.created else 200, headers={"ETag": etag(done.row)}
     )
@@ -89,7 +103,8 @@ async def get_named_schedule(key: KeyPath, tenant_id: TenantId, conn: Conn) -> A
     row = await job_by_key(conn, tenant_id, key)
     if row is None:
         raise Problem(404, f"no schedule is named {key!r}", slug="not-found")
-    return JSONResponse(job_public(row).model_dump(mode="json"), headers={"ETag": etag(row)})
+    answered = job_public(await _answered(conn, tenant_id, row))
+    return JSONResponse(answered.model_dump(mode="json"), headers={"ETag": etag(row)})
 
 
 @router.delete("/{key}", operation_id="deleteSchedule", response_model=JobPublic)

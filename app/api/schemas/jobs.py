@@ -8,10 +8,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, JsonValue, WithJsonSchema
 
+from app.api.schemas.health import Expect, ExpectPublic, expect_public, health_of_row
 from app.api.schemas.inputs import Labels, PlainText, RequestModel, Timestamp, check_json_payload
 from app.api.schemas.targets import AsyncTimeout, Completion, HeartbeatTimeout
 from app.domain.chains import ChainOn
 from app.domain.completion import ASYNC_OWNER, CompletionMode
+from app.domain.health import Health
 from app.domain.job import AWAITING_COMPLETION, RunOutcome
 from app.domain.occurrences import (
     DEFAULT_CATCH_UP_LIMIT,
@@ -24,6 +26,7 @@ from app.domain.occurrences import (
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.schedule import MAX_JITTER_S, MAX_SCHEDULE_AHEAD, ScheduleKind
 from app.domain.states import JobState
+from app.store.job_rows import next_run_at
 
 # Every outcome a run may show: its row's, and an open async attempt's.
 RUN_OUTCOMES = [o.value for o in RunOutcome] + [AWAITING_COMPLETION]
@@ -119,6 +122,18 @@ class JobCreate(RequestModel):
         description="Up to 16 key/value pairs to find the job by (`?label=team=payments`); keys 1-63 of "
         "a-z 0-9 . _ / -, values 0-63 of A-Z a-z 0-9 . _ -",
     )
+    expect: Expect | None = Field(
+        default=None,
+        description="Recurring jobs only: when the schedule counts as failing (its health, job.health.failing "
+        "events); unset thresholds are the tenant's defaults",
+    )
+    on_success_target_id: uuid.UUID | None = Field(
+        default=None, description="A target of this tenant sent occurrence.succeeded for each occurrence that succeeds"
+    )
+    on_failure_target_id: uuid.UUID | None = Field(
+        default=None,
+        description="A target of this tenant sent occurrence.dead_lettered for each occurrence that fails",
+    )
 
 
 class JobUpdate(JobCreate):
@@ -200,6 +215,19 @@ class JobPublic(BaseModel):
     cause_id: str | None = Field(
         description="An occurrence of a chained job: the webhook-id of the parent occurrence that caused it"
     )
+    health: Health = Field(
+        description="healthy, late (an occurrence waits past its misfire grace), failing (job.health.failing "
+        "reported, not recovered yet), paused (the job, its target or its tenant), unknown (nothing succeeded yet)"
+    )
+    last_success_at: dt.datetime | None = Field(description="When an occurrence last succeeded")
+    last_failure_at: dt.datetime | None = Field(
+        description="When an occurrence last failed (dead-lettered, or a fire time missed)"
+    )
+    consecutive_failures: int = Field(description="Failed occurrences since the last success")
+    expect: ExpectPublic | None = Field(description="The job's own health thresholds; null: its tenant's defaults")
+    on_success_target_id: uuid.UUID | None
+    on_failure_target_id: uuid.UUID | None
+    event_type: str | None = Field(description="Set on an event's delivery: the event's type")
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
@@ -319,7 +347,7 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         runs=row["occurrences_run"],
         ended_reason=row["ended_reason"],
         parent_job_id=row["parent_job_id"],
-        next_run_at=row["run_at"],
+        next_run_at=next_run_at(row),
         scheduled_for=row["scheduled_for"],
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
@@ -342,6 +370,14 @@ def job_public(row: Any, payload: Any = _FROM_ROW) -> JobPublic:
         after=None if row["after_job_id"] is None else ChainLinkPublic(job_id=row["after_job_id"], on=row["after_on"]),
         payload_from=row["payload_from"],
         cause_id=None if row["cause_id"] is None else f"msg_{row['cause_id'].hex}",
+        health=row["health"] if "health" in row else health_of_row(row),
+        last_success_at=row["last_success_at"],
+        last_failure_at=row["last_failure_at"],
+        consecutive_failures=row["consecutive_failures"],
+        expect=expect_public(row),
+        on_success_target_id=row["on_success_target_id"],
+        on_failure_target_id=row["on_failure_target_id"],
+        event_type=row["event_type"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],

@@ -28,6 +28,11 @@ const AWAITING = "awaiting_completion";
 // A finished async run's result is cut to this many characters; its cell's tooltip holds it all.
 const RESULT_CHARS = 120;
 function badge(text) { const span = document.createElement("span"); span.className = "badge awaiting"; span.textContent = text; return span; }
+// A job's health (README: Schedule health) as a badge: healthy, late, failing, paused, unknown.
+function healthBadge(health) {
+  const span = document.createElement("span"); span.className = `badge health ${health}`; span.textContent = health;
+  return span;
+}
 function completion(item, inherited) {
   const mode = item.completion || inherited;
   if (mode === "sync") return mode;
@@ -86,6 +91,7 @@ async function jobsPage() {
       cell(row, job.name || job.id, `/ui/jobs/${job.id}`);
       const state = cell(row, job.state); state.className = `state ${job.state}`;
       if (job.awaiting_completion) state.append(" ", badge("awaiting completion"));
+      row.insertCell().append(healthBadge(job.health));
       cell(row, schedule(job)); cell(row, when(job.next_run_at)); cell(row, job.attempt);
       cell(row, job.last_status_code); cell(row, when(job.created_at));
     }
@@ -148,20 +154,29 @@ function showOpenAttempt(job) {
   }
 }
 
+function expectText(expect) {
+  const parts = [];
+  if (expect.success_within_s) parts.push(`a success within ${expect.success_within_s}s`);
+  if (expect.max_consecutive_failures) parts.push(`at most ${expect.max_consecutive_failures} failures in a row`);
+  return parts.join(", ");
+}
 async function jobPage() {
   const id = document.body.dataset.jobId;
   const job = await api(`/v1/jobs/${id}`);
   clearTimeout(refreshTimer);
   if (job.awaiting_completion) refreshTimer = setTimeout(() => jobPage().catch(showError), OPEN_ATTEMPT_REFRESH_MS);
   showOpenAttempt(job);
-  document.querySelector("h1").textContent = `Job ${job.name || job.id}`;
+  document.querySelector("h1").replaceChildren(`Job ${job.name || job.id} `, healthBadge(job.health));
   const dl = $("#job-fields"); dl.replaceChildren();
   const labels = Object.entries(job.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ");
   const fields = { id: job.id, key: job.key, set: job.set, labels: labels || null, state: job.state, schedule: schedule(job),
     completion: completion(job, "the target's"),
     target: job.target_id, priority: job.priority,
     "next run": when(job.next_run_at), attempt: `${job.attempt} of ${job.max_attempts}`, runs: job.runs,
-    "last status": job.last_status_code, "last error": job.last_error, payload: JSON.stringify(job.payload) };
+    "last status": job.last_status_code, "last error": job.last_error, health: job.health,
+    "last success": when(job.last_success_at), "last failure": when(job.last_failure_at),
+    "failures in a row": job.consecutive_failures, expect: job.expect ? expectText(job.expect) : "the tenant's defaults",
+    payload: JSON.stringify(job.payload) };
   for (const [name, value] of Object.entries(fields)) {
     const dt = document.createElement("dt"); dt.textContent = name;
     const dd = document.createElement("dd"); dd.textContent = value === null || value === undefined ? "–" : String(value);
