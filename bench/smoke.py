@@ -57,6 +57,8 @@ NEEDS: dict[str, set[str]] = {
     "lateness": {"database", "peers"},
     "chains": {"database", "peers"},
     "schedule_sets": {"database"},
+    "health": {"database"},
+    "drain": {"database"},
     "scale": {"database", "peers"},
     "compare": {"peers"},
     "api_compare": {"peers"},

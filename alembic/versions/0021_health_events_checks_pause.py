@@ -37,7 +37,7 @@ def upgrade() -> None:
     op.add_column("targets", sa.Column("auto_pause_failures", sa.Integer))
     op.add_column("targets", sa.Column("consecutive_failures", sa.Integer, nullable=False, server_default=sa.text("0")))
     op.create_check_constraint(
-        "ck_targets_pause_kind_valid",
+        op.f("ck_targets_pause_kind_valid"),
         "targets",
         "(paused_at IS NULL) = (pause_kind IS NULL) AND (pause_kind IS NULL OR pause_kind IN ('manual', 'auto'))",
     )
@@ -55,9 +55,12 @@ def upgrade() -> None:
         op.add_column("jobs", sa.Column(name, UUID(as_uuid=True)))
     op.add_column("jobs", sa.Column("event_type", sa.Text))
     op.add_column("jobs", sa.Column("held_run_at", _TS))
-    op.create_check_constraint("ck_jobs_health_alert_valid", "jobs", "health_alert IS NULL OR health_alert = 'failing'")
+    op.add_column("jobs", sa.Column("resumed_at", _TS))
     op.create_check_constraint(
-        "ck_jobs_expect_positive",
+        op.f("ck_jobs_health_alert_valid"), "jobs", "health_alert IS NULL OR health_alert = 'failing'"
+    )
+    op.create_check_constraint(
+        op.f("ck_jobs_expect_positive"),
         "jobs",
         "(expect_success_within_s IS NULL OR expect_success_within_s >= 1) AND "
         "(expect_max_consecutive_failures IS NULL OR expect_max_consecutive_failures >= 1)",
@@ -84,7 +87,7 @@ def upgrade() -> None:
         sa.Column("types", ARRAY(sa.Text), nullable=False),
         sa.Column("description", sa.Text),
         sa.Column("created_at", _TS, nullable=False, server_default=sa.text("now()")),
-        sa.CheckConstraint("cardinality(types) >= 1", name="ck_event_subscriptions_types_not_empty"),
+        sa.CheckConstraint("cardinality(types) >= 1", name=op.f("ck_event_subscriptions_types_not_empty")),
     )
     op.create_index("ix_event_subscriptions_tenant", "event_subscriptions", ["tenant_id", "created_at", "id"])
     op.create_index("ix_event_subscriptions_target", "event_subscriptions", ["target_id"])
@@ -108,10 +111,10 @@ def upgrade() -> None:
         sa.Column("labels", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
         sa.Column("created_at", _TS, nullable=False, server_default=sa.text("now()")),
         sa.Column("updated_at", _TS, nullable=False, server_default=sa.text("now()")),
-        sa.CheckConstraint("(every_s IS NULL) <> (cron IS NULL)", name="ck_checks_one_schedule"),
-        sa.CheckConstraint("every_s IS NULL OR every_s >= 1", name="ck_checks_every_s_positive"),
-        sa.CheckConstraint("grace_s >= 0", name="ck_checks_grace_not_negative"),
-        sa.CheckConstraint("status IN ('new', 'up', 'down', 'started')", name="ck_checks_status_valid"),
+        sa.CheckConstraint("(every_s IS NULL) <> (cron IS NULL)", name=op.f("ck_checks_one_schedule")),
+        sa.CheckConstraint("every_s IS NULL OR every_s >= 1", name=op.f("ck_checks_every_s_positive")),
+        sa.CheckConstraint("grace_s >= 0", name=op.f("ck_checks_grace_not_negative")),
+        sa.CheckConstraint("status IN ('new', 'up', 'down', 'started')", name=op.f("ck_checks_status_valid")),
     )
     op.create_index("ix_checks_tenant_created", "checks", ["tenant_id", "created_at", "id"])
     op.create_index(
@@ -127,7 +130,7 @@ def upgrade() -> None:
         sa.Column("remote_addr", sa.Text),
         sa.Column("body", sa.Text),
         sa.Column("duration_ms", sa.Integer),
-        sa.CheckConstraint("kind IN ('success', 'start', 'fail')", name="ck_check_pings_kind_valid"),
+        sa.CheckConstraint("kind IN ('success', 'start', 'fail')", name=op.f("ck_check_pings_kind_valid")),
     )
     op.create_index("ix_check_pings_check", "check_pings", ["check_id", "id"])
 
@@ -138,9 +141,10 @@ def downgrade() -> None:
     op.drop_table("event_subscriptions")
     op.drop_index("ix_jobs_held", table_name="jobs")
     op.drop_index("ix_jobs_health_watch", table_name="jobs")
-    op.drop_constraint("ck_jobs_expect_positive", "jobs")
-    op.drop_constraint("ck_jobs_health_alert_valid", "jobs")
+    op.drop_constraint(op.f("ck_jobs_expect_positive"), "jobs", type_="check")
+    op.drop_constraint(op.f("ck_jobs_health_alert_valid"), "jobs", type_="check")
     for name in (
+        "resumed_at",
         "held_run_at",
         "event_type",
         "on_failure_target_id",
@@ -153,8 +157,8 @@ def downgrade() -> None:
         "last_success_at",
     ):
         op.drop_column("jobs", name)
-    op.drop_constraint("ck_targets_auto_pause_positive", "targets")
-    op.drop_constraint("ck_targets_pause_kind_valid", "targets")
+    op.drop_constraint(op.f("ck_targets_auto_pause_positive"), "targets", type_="check")
+    op.drop_constraint(op.f("ck_targets_pause_kind_valid"), "targets", type_="check")
     for name in (
         "consecutive_failures",
         "auto_pause_failures",

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from app.api.contract_webhooks import async_webhook_operation, webhook_operation
+from app.api.contract_webhooks import webhooks
 from app.api.errors import PROBLEM_JSON
 from app.api.schemas.jobs import RUN_OUTCOMES
 
@@ -143,6 +143,8 @@ ADMIN_OPERATIONS = frozenset(
         "adminRevokeApiKey",
         "adminGetTenantLimits",
         "adminSetTenantLimits",
+        "adminPauseTenant",
+        "adminResumeTenant",
     }
 )
 # Reports on an async attempt: no API key (the token is the capability), and their own
@@ -297,5 +299,5 @@ def contract(app: FastAPI, server_url: str) -> dict[str, Any]:
             responses.pop("422", None)
             for status in error_statuses(operation):
                 responses[str(status)] = _problem_response(status)
-    doc["webhooks"] = {"delivery": webhook_operation(), "asyncDelivery": async_webhook_operation()}
+    doc["webhooks"] = webhooks(schemas)
     return doc

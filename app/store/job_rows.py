@@ -9,7 +9,7 @@ import json
 import uuid
 from typing import Any
 
-from sqlalchemy import Text, case, cast, func
+from sqlalchemy import ColumnElement, Text, case, cast, func, literal_column
 from sqlalchemy.engine import RowMapping
 
 from app.domain.completion import CompletionSettings, resolve_settings
@@ -33,7 +33,18 @@ _NOT_READ_ON_CLAIM = frozenset(
     | {"after_job_id", "after_on", "payload_from", "fires_children", "schedule_key", "schedule_set"}
     # Labels are for finding jobs, not delivering them.
     | {"labels"}
+    # A held occurrence is never claimed (its run_at is HELD).
+    | {"held_run_at"}
+    # Health and events: the outcome statement reads them where it writes them.
+    | {"last_success_at", "last_failure_at", "consecutive_failures", "health_alert", "event_type"}
+    | {"expect_success_within_s", "expect_max_consecutive_failures", "on_success_target_id", "on_failure_target_id"}
+    | {"resumed_at"}
 )
+
+# A held occurrence's run_at (its target or tenant paused, app/store/pauses.py): later than
+# every claim's due range and every next-due probe's, so scans in due order never reach the
+# held. The run_at it had waits in held_run_at. (asyncpg reads it as a naive datetime.max.)
+HELD: ColumnElement[dt.datetime] = literal_column("'infinity'::timestamptz")
 
 # What a claimed job is read with (claim and reaper alike): the job, its target's delivery
 # settings, and the database's now() as `claimed_at`.
@@ -203,6 +214,8 @@ def claimed_from_row(row: RowMapping, key_ring: KeyRing) -> ClaimedJob:
         recurrence=None if isinstance(schedule, OnceSchedule) else _recurrence_from_row(row, schedule),
         occurrences_run=row["occurrences_run"],
         cause_id=row["cause_id"],
+        # The claim's own rows carry the run_at it found (app/store/claims.py); others do not.
+        due_at=row.get("candidate_run_at"),
         completion=_completion(
             row["completion_mode"], row["completion_async_timeout_s"], row["completion_heartbeat_timeout_s"]
         ),
@@ -241,6 +254,19 @@ def _target_settings(
         "retry_on_status": None if retry_on_status is None else frozenset(retry_on_status),
         "target_max_in_flight": max_in_flight,
     }
+
+
+def job_is_held(row: RowMapping) -> bool:
+    """Whether a jobs row (all its columns) is an occurrence held while its target is paused."""
+    run_at: dt.datetime | None = row["run_at"]
+    return run_at is not None and run_at.year == dt.MAXYEAR and row["held_run_at"] is not None
+
+
+def next_run_at(row: RowMapping) -> dt.datetime | None:
+    """When a job next becomes due, as a read shows it: a held occurrence's own time (it is
+    due then, or at the resume), never HELD."""
+    due: dt.datetime | None = row["held_run_at"] if job_is_held(row) else row["run_at"]
+    return due
 
 
 def job_change_columns(changes: JobChanges, job_id: uuid.UUID) -> dict[str, Any]:

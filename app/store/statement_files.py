@@ -29,6 +29,7 @@ from app.store import (
     claim_statements,
     completions,
     cron_jobs,
+    health,
     job_inserts,
     jobs,
     outcomes,
@@ -107,6 +108,12 @@ RENDERED: tuple[Rendered, ...] = (
     Rendered("api_rate_take", quotas, "API_RATE_TAKE"),
     Rendered("api_key_authenticate", tenants, "API_KEY_AUTHENTICATE"),
     Rendered("audit_append", audit, "AUDIT_APPEND"),
+    # Schedule health: the watch's edges (by its index; past a default deadline), the tenants
+    # with a default deadline, and the gauge's count of jobs by health.
+    Rendered("job_health_edges", health, "edge_statement", {"scope": health.Scope.WATCHED}),
+    Rendered("job_health_edges_default_deadline", health, "edge_statement", {"scope": health.Scope.ALL_DEADLINES}),
+    Rendered("tenant_limits_find_deadlines", health, "_TENANTS_WITH_DEADLINES"),
+    Rendered("job_count_by_health", health, "_GAUGE"),
 )
 
 

@@ -333,6 +333,9 @@ jobs = Table(
     # A held occurrence (its target or tenant paused): the run_at it had; run_at is then
     # 'infinity', out of every claim's due range, until the resume sets it again.
     _ts("held_run_at"),
+    # When a deliberate pause of the job (or its target's or tenant's hold) last ended: fire
+    # times it kept from running are not failures, and a success deadline counts from here.
+    _ts("resumed_at"),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("finished_at"),

@@ -80,6 +80,7 @@ def test_each_default_the_server_fills_in_is_in_the_description(contract: dict[s
         "DeadLetterBulkReplay.limit": 100,
         "DeadLetterBulkReplay.rate_per_s": 10.0,
         "TargetRotate.grace_s": 86400,
+        "ResumeOptions.on_resume": "deliver_all",
     }
 
 

@@ -65,6 +65,13 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     ("schedule_keys", "job_name_many"): (LIVE, ()),
     # A parent whose settling must fire chained children is marked; its state stays.
     ("chains", "job_mark_fires_children"): (LIVE, ()),
+    # Pause and hold: a held occurrence stays waiting (run_at HELD); a release makes it due
+    # again, and clears the held_run_at of jobs that moved on meanwhile (never running ones).
+    ("pauses", "_hold_statement"): (CLAIMABLE_STATES, ()),
+    ("pauses", "_hold_due_statement"): (CLAIMABLE_STATES, ()),
+    ("pauses", "_release_statement"): (tuple(s for s in S if s is not S.RUNNING), ()),
+    # The health watch records a job's verdict (health_alert) on unfinished jobs; state stays.
+    ("health", "edge_statement"): (LIVE, ()),
     # Every state app/domain/lifecycle.py's after_attempt can choose.
     ("outcomes", "job_finish_attempts"): (RUNNING, (S.SUCCEEDED, S.SCHEDULED, S.RETRYING, S.DEAD)),
 }

@@ -20,7 +20,12 @@ WITH saturated AS
                FROM :lease_owner_1::VARCHAR)) >= targets.max_in_flight
      OR targets.rate_per_s IS NOT NULL
      AND least(greatest(targets.rate_per_s, :greatest_1::FLOAT), coalesce(targets.rate_tokens, greatest(targets.rate_per_s, :greatest_2::FLOAT)) + targets.rate_per_s * EXTRACT(epoch
-                                                                                                                                                                                FROM now() - coalesce(targets.rate_updated_at, now()))) < :least_1::INTEGER)
+                                                                                                                                                                                FROM now() - coalesce(targets.rate_updated_at, now()))) < :least_1::INTEGER
+     OR targets.paused_at IS NOT NULL
+     OR targets.tenant_id IN
+       (SELECT tenants.id
+        FROM tenants
+        WHERE tenants.paused_at IS NOT NULL))
 SELECT
   now() AS now,
   count(*) FILTER (

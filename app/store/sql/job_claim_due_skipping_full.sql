@@ -18,6 +18,7 @@
 --   :make_interval_4 = 0
 --   :make_interval_5 = 0
 --   :make_interval_6 = 0
+--   :param_13 = None
 --   :param_1 = 1
 --   :param_2 = 1
 --   :param_3 = 1
@@ -55,12 +56,18 @@ WITH
                FROM :lease_owner_1::VARCHAR)) >= targets.max_in_flight
      OR targets.rate_per_s IS NOT NULL
      AND least(greatest(targets.rate_per_s, :greatest_2::FLOAT), coalesce(targets.rate_tokens, greatest(targets.rate_per_s, :greatest_3::FLOAT)) + targets.rate_per_s * EXTRACT(epoch
-                                                                                                                                                                                FROM now() - coalesce(targets.rate_updated_at, now()))) < :least_1::INTEGER),
+                                                                                                                                                                                FROM now() - coalesce(targets.rate_updated_at, now()))) < :least_1::INTEGER
+     OR targets.paused_at IS NOT NULL
+     OR targets.tenant_id IN
+       (SELECT tenants.id
+        FROM tenants
+        WHERE tenants.paused_at IS NOT NULL)),
   due AS
   (SELECT
      by_tenant.id AS id,
      by_tenant.target_id AS target_id,
      by_tenant.limited AS limited,
+     by_tenant.run_at AS run_at,
      row_number() OVER (
                         ORDER BY by_tenant.effective DESC, by_tenant.run_at) AS rank
    FROM
@@ -489,6 +496,7 @@ WITH
      lease_owner=:owner::VARCHAR,
      lease_token=gen_random_uuid(),
      lease_expires_at=(now() + make_interval(:make_interval_1::INTEGER, :make_interval_2::INTEGER, :make_interval_3::INTEGER, :make_interval_4::INTEGER, :make_interval_5::INTEGER, :make_interval_6::INTEGER, :lease_s::FLOAT)),
+     held_run_at=:param_13::TIMESTAMP WITH TIME ZONE,
      updated_at=now()
    FROM targets
    WHERE jobs.id = any(CAST(
@@ -526,16 +534,6 @@ WITH
      jobs.lease_token,
      jobs.occurrences_run,
      jobs.cause_id,
-     jobs.last_success_at,
-     jobs.last_failure_at,
-     jobs.consecutive_failures,
-     jobs.expect_success_within_s,
-     jobs.expect_max_consecutive_failures,
-     jobs.health_alert,
-     jobs.on_success_target_id,
-     jobs.on_failure_target_id,
-     jobs.event_type,
-     jobs.held_run_at,
      CAST(jobs.payload AS TEXT) AS payload_json,
      targets.url,
      CAST(targets.headers AS TEXT) AS headers_json,
@@ -581,16 +579,6 @@ SELECT
   claimed.lease_token,
   claimed.occurrences_run,
   claimed.cause_id,
-  claimed.last_success_at,
-  claimed.last_failure_at,
-  claimed.consecutive_failures,
-  claimed.expect_success_within_s,
-  claimed.expect_max_consecutive_failures,
-  claimed.health_alert,
-  claimed.on_success_target_id,
-  claimed.on_failure_target_id,
-  claimed.event_type,
-  claimed.held_run_at,
   claimed.payload_json,
   claimed.url,
   claimed.headers_json,
@@ -606,6 +594,7 @@ SELECT
   due.id AS candidate_id,
   due.target_id AS candidate_target_id,
   due.limited AS candidate_limited,
+  due.run_at AS candidate_run_at,
   probe.db_now,
   probe.next_due_at
 FROM
@@ -617,6 +606,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 0
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_1::INTEGER),
@@ -625,6 +615,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 1
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_2::INTEGER),
@@ -633,6 +624,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 2
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_3::INTEGER),
@@ -641,6 +633,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 3
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_4::INTEGER),
@@ -649,6 +642,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 4
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_5::INTEGER),
@@ -657,6 +651,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 5
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_6::INTEGER),
@@ -665,6 +660,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 6
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_7::INTEGER),
@@ -673,6 +669,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 7
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_8::INTEGER),
@@ -681,6 +678,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 8
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_9::INTEGER),
@@ -689,6 +687,7 @@ FROM
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 9
                 AND jobs.run_at > now()
+                AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
               ORDER BY jobs.run_at
               LIMIT :param_10::INTEGER)) AS next_due_at) AS probe

@@ -6,7 +6,14 @@
 
 WITH
   live_target AS
-  (SELECT targets.id AS id
+  (SELECT
+     targets.id AS id,
+     targets.paused_at IS NOT NULL
+   OR (EXISTS
+         (SELECT *
+          FROM tenants
+          WHERE tenants.id = :tenant_id::UUID
+            AND tenants.paused_at IS NOT NULL)) AS target_paused
    FROM targets
    WHERE targets.id = :target_id::UUID
      AND targets.tenant_id = :tenant_id::UUID
@@ -20,7 +27,7 @@ WITH
                AND api_keys.revoked_at IS NULL))
      FOR SHARE),
   created AS
-  (INSERT INTO jobs (id, partition, target_id, name, payload, priority, schedule_kind, cron, cron_source, timezone, every_s, schedule_anchor_at, scheduled_for, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, dedup_key, parent_job_id, interval_mode, misfire_policy, misfire_grace_s, catch_up_limit, overlap_policy, jitter_s, start_at, end_at, max_runs, completion, async_timeout_s, heartbeat_timeout_s, after_job_id, after_on, payload_from, labels, tenant_id, state, run_at) SELECT
+  (INSERT INTO jobs (id, partition, target_id, name, payload, priority, schedule_kind, cron, cron_source, timezone, every_s, schedule_anchor_at, scheduled_for, occurrence_id, max_attempts, backoff_base_s, backoff_max_s, backoff_factor, dedup_key, parent_job_id, interval_mode, misfire_policy, misfire_grace_s, catch_up_limit, overlap_policy, jitter_s, start_at, end_at, max_runs, completion, async_timeout_s, heartbeat_timeout_s, after_job_id, after_on, payload_from, labels, expect_success_within_s, expect_max_consecutive_failures, on_success_target_id, on_failure_target_id, tenant_id, state, run_at) SELECT
      :id::UUID AS id,
      :partition::SMALLINT AS partition,
      :target_id::UUID AS target_id,
@@ -61,6 +68,10 @@ WITH
      :after_on::VARCHAR AS after_on,
      :payload_from::VARCHAR AS payload_from,
      CAST(:labels::VARCHAR AS JSONB) AS labels,
+     :expect_success_within_s::INTEGER AS expect_success_within_s,
+     :expect_max_consecutive_failures::INTEGER AS expect_max_consecutive_failures,
+     :on_success_target_id::UUID AS on_success_target_id,
+     :on_failure_target_id::UUID AS on_failure_target_id,
      :tenant_id::UUID AS tenant_id,
      CAST(:param_2::VARCHAR AS job_state) AS state,
      :scheduled_for::TIMESTAMP WITH TIME ZONE + :fire_delay_ms::INTEGER * interval '1 millisecond' AS run_at
@@ -134,6 +145,7 @@ WITH
      jobs.on_failure_target_id,
      jobs.event_type,
      jobs.held_run_at,
+     jobs.resumed_at,
      jobs.created_at,
      jobs.updated_at,
      jobs.finished_at),
@@ -209,8 +221,11 @@ SELECT
   created.on_failure_target_id,
   created.event_type,
   created.held_run_at,
+  created.resumed_at,
   created.created_at,
   created.updated_at,
   created.finished_at,
+  live_target.target_paused,
   now() AS db_now
-FROM created;
+FROM created
+JOIN live_target ON true;

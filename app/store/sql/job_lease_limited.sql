@@ -11,6 +11,7 @@
 --   :make_interval_4 = 0
 --   :make_interval_5 = 0
 --   :make_interval_6 = 0
+--   :held_run_at = None
 --   :partition_1 = 1
 --   :coalesce_1 = -1
 
@@ -27,6 +28,7 @@ SET
   lease_owner=:owner::VARCHAR,
   lease_token=gen_random_uuid(),
   lease_expires_at=(now() + make_interval(:make_interval_1::INTEGER, :make_interval_2::INTEGER, :make_interval_3::INTEGER, :make_interval_4::INTEGER, :make_interval_5::INTEGER, :make_interval_6::INTEGER, :lease_s::FLOAT)),
+  held_run_at=:held_run_at::TIMESTAMP WITH TIME ZONE,
   updated_at=now()
 FROM targets
 WHERE jobs.id = any(:ids::UUID[])
@@ -72,16 +74,6 @@ WHERE jobs.id = any(:ids::UUID[])
   jobs.lease_token,
   jobs.occurrences_run,
   jobs.cause_id,
-  jobs.last_success_at,
-  jobs.last_failure_at,
-  jobs.consecutive_failures,
-  jobs.expect_success_within_s,
-  jobs.expect_max_consecutive_failures,
-  jobs.health_alert,
-  jobs.on_success_target_id,
-  jobs.on_failure_target_id,
-  jobs.event_type,
-  jobs.held_run_at,
   CAST(jobs.payload AS TEXT) AS payload_json,
   targets.url,
   CAST(targets.headers AS TEXT) AS headers_json,

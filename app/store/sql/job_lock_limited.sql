@@ -6,7 +6,8 @@
 
 SELECT
   jobs.id,
-  jobs.target_id
+  jobs.target_id,
+  jobs.run_at
 FROM jobs
 WHERE jobs.id = any(:ids::UUID[])
   AND jobs.state IN (

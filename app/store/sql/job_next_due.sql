@@ -20,6 +20,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 0
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_1::INTEGER),
@@ -28,6 +29,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 1
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_2::INTEGER),
@@ -36,6 +38,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 2
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_3::INTEGER),
@@ -44,6 +47,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 3
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_4::INTEGER),
@@ -52,6 +56,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 4
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_5::INTEGER),
@@ -60,6 +65,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 5
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_6::INTEGER),
@@ -68,6 +74,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 6
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_7::INTEGER),
@@ -76,6 +83,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 7
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_8::INTEGER),
@@ -84,6 +92,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 8
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_9::INTEGER),
@@ -92,6 +101,7 @@ SELECT
            WHERE jobs.state IN ('scheduled', 'retrying')
              AND jobs.priority = 9
              AND jobs.run_at > now()
+             AND jobs.run_at < 'infinity'::timestamptz
              AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
            ORDER BY jobs.run_at
            LIMIT :param_10::INTEGER)) AS next_due_at;
