@@ -126,7 +126,7 @@ async def job_hand_off_occurrence(
     copied = ["tenant_id", "target_id", "name", "payload", "priority", "state", "occurrence_id", "attempt"]
     copied += ["occurrence_claimed_at", "max_attempts", "backoff_base_s", "backoff_max_s", "backoff_factor"]
     copied += ["lease_owner", "lease_token", "lease_expires_at", "completion", "async_timeout_s"]
-    copied += ["heartbeat_timeout_s", "fires_children"]
+    copied += ["heartbeat_timeout_s", "fires_children", "on_success_target_id", "on_failure_target_id"]
     fixed: dict[str, Any] = {
         "id": child_id,
         "partition": partition_for(child_id),

@@ -172,3 +172,17 @@ async def test_events_survive_a_scheduler_sigkill(
     # One event per occurrence, never two: a repeated delivery is the same event.
     assert len(by_event) == len(made) and all(len(occurrences) == 1 for occurrences in by_event.values())
     assert {body["data"]["job_id"] for body in bodies} == {job["id"] for job in made}
+
+
+async def test_a_triggered_occurrence_calls_back_for_its_job(
+    client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, scheduler: Scheduler
+) -> None:
+    work = await make_target(client, auth, receiver.url("/work"))
+    on_ok = await make_target(client, auth, receiver.url("/ok"))
+    job = await make_job(client, auth, work["id"], every_s=3600, on_success_target_id=on_ok["id"])
+    triggered = await client.post(f"/v1/jobs/{job['id']}/trigger", headers=auth)
+    assert triggered.status_code in (200, 201, 202), triggered.text
+    await drive(scheduler, lambda: len(at(receiver, "/ok")) == 1, timeout=60, message="the trigger's callback")
+    event = opened(at(receiver, "/ok")[0], on_ok["secret"])
+    # Named after the recurring job whose occurrence it carried.
+    assert event["type"] == "occurrence.succeeded" and event["data"]["job_id"] == job["id"]

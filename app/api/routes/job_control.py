@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from fastapi import APIRouter
@@ -75,6 +76,10 @@ async def trigger_job(job_id: uuid.UUID, tenant_id: TenantId, conn: Conn, quotas
         due=await store.db_now(conn),
         parent_job_id=row["id"],
         completion=JobCompletion(row["completion"], row["async_timeout_s"], row["heartbeat_timeout_s"]),
+    )
+    # The occurrence it carries is the job's: so are its callbacks.
+    new = dataclasses.replace(
+        new, on_success_target_id=row["on_success_target_id"], on_failure_target_id=row["on_failure_target_id"]
     )
     created = await store.job_create(conn, PreparedJob.of(new, payload_json(new.payload)))
     if row["fires_children"]:
