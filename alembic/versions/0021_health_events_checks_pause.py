@@ -42,7 +42,7 @@ def upgrade() -> None:
         "(paused_at IS NULL) = (pause_kind IS NULL) AND (pause_kind IS NULL OR pause_kind IN ('manual', 'auto'))",
     )
     op.create_check_constraint(
-        "ck_targets_auto_pause_positive", "targets", "auto_pause_failures IS NULL OR auto_pause_failures >= 1"
+        op.f("ck_targets_auto_pause_positive"), "targets", "auto_pause_failures IS NULL OR auto_pause_failures >= 1"
     )
 
     for name in ("last_success_at", "last_failure_at"):
