@@ -16,6 +16,8 @@ from types import FrameType
 CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "audit", "schedules", "apply", "diff", "export"})
 # Roles that may run several processes (`--processes`, `--workers`) behind one /metrics.
 SERVICE_ROLES = frozenset({"up", "api", "scheduler"})
+# Long-running roles: a SIGTERM while one is still importing ends it with exit 0.
+LONG_RUNNING_ROLES = SERVICE_ROLES | {"reaper"}
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(health_main(args[1:]))
     if args and args[0] in SERVICE_ROLES:
         _share_metrics_between_processes()
+    if args and args[0] in LONG_RUNNING_ROLES:
         _stop_cleanly_while_starting()
     # A child of `--processes`/`--workers` starts with SIGTERM blocked (app/processes.py): one
     # that came meanwhile is delivered now, to the handler above.

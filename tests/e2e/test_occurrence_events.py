@@ -146,10 +146,12 @@ async def test_events_survive_a_scheduler_sigkill(
     events are under way; the survivor finishes. Every occurrence is reported exactly once
     (one event id each); a delivery the victim made but could not record may come again, with
     the same webhook-id."""
-    work = await make_target(client, auth, receiver.url("/work"))
+    # Two at a time, 0.2 s each: the 30 take seconds, so the victim dies with most still to do
+    # and the survivor has real work (were the victim done, this would test nothing).
+    work = await make_target(client, auth, receiver.url("/work"), max_in_flight=2)
     events = await make_target(client, auth, receiver.url("/events"))
     await subscribe(client, auth, events["id"], "occurrence.succeeded")
-    receiver.by_path["/work"] = Reply(delay_s=0.05)
+    receiver.by_path["/work"] = Reply(delay_s=0.2)
     made = [await make_job(client, auth, work["id"], delay_s=0.5, payload={"n": n}) for n in range(30)]
     env = short_lease_env(db_url)
 
@@ -157,6 +159,8 @@ async def test_events_survive_a_scheduler_sigkill(
     await wait_for(lambda: len(at(receiver, "/events")) >= 3, timeout=60, message="events under way")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=5)
+    delivered_by_victim = {json.loads(r.body)["n"] for r in at(receiver, "/work")}
+    assert len(delivered_by_victim) < len(made), "the victim finished everything before it was killed"
     procs.start("reaper", ["reaper"], env)
     procs.start("scheduler-b", ["scheduler"], {**env, "CRONHOOK_REPLICA_ID": "survivor"})
 
@@ -172,6 +176,8 @@ async def test_events_survive_a_scheduler_sigkill(
     # One event per occurrence, never two: a repeated delivery is the same event.
     assert len(by_event) == len(made) and all(len(occurrences) == 1 for occurrences in by_event.values())
     assert {body["data"]["job_id"] for body in bodies} == {job["id"] for job in made}
+    # The survivor did the rest.
+    assert {json.loads(r.body)["n"] for r in at(receiver, "/work")} == set(range(len(made)))
 
 
 async def test_a_triggered_occurrence_calls_back_for_its_job(
