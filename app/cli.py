@@ -7,26 +7,21 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import sys
-from types import FrameType
 from typing import Any
 
-import uvicorn
 from pydantic import ValidationError
 
-from app import __version__, event_loop
-from app.api.app import create_app
+from app import __version__
 from app.cli_security import add_security_commands
-from app.client.commands import add_client_commands, run_client_command
 from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
 from app.health_check import add_arguments as add_health_arguments
 from app.health_check import check as check_health
 from app.health_check import default_url as default_health_url
 from app.keyring import KeyRingError
-from app.logs import configure_logging, log_event, log_once_per_command
-from app.processes import LISTEN_FD_ENV, ChildSpec, Supervisor, attach_to_parent, child_env
-from app.runtime import DatabaseUnusable, Runtime, check_database, run_role
+from app.logs import configure_logging, log_event
+from app.processes import ChildSpec, Supervisor, attach_to_parent, scheduler_children
+from app.runtime import Runtime, run_role, warn_if_egress_opened
 from app.services.probes import PortInUse, ensure_port_free, start_probe_server
 from app.services.startup import start_services
 from app.settings import Settings
@@ -36,10 +31,15 @@ logger = logging.getLogger("app.cli")
 
 def main(argv: list[str] | None = None) -> None:
     attach_to_parent()  # a child of `--processes`/`--workers`: stop with the parent
-    parser = _parser()
+    words = sys.argv[1:] if argv is None else argv
+    # A service role's parser leaves the client verbs out: their modules (httpx, rich, YAML)
+    # would only weigh on every scheduler and reaper process (app/entry.py runs them itself).
+    parser = _parser(client_verbs=not words or words[0] not in _SERVICE_VERBS)
     args = parser.parse_args(argv)
     if getattr(args, "client", False):
         # Client verbs talk to a server (CRONHOOK_URL, CRONHOOK_API_KEY); no service settings.
+        from app.client.commands import run_client_command
+
         raise SystemExit(run_client_command(args))
     flags = _flag_settings(args)
     try:
@@ -83,7 +83,11 @@ def _flag_settings(args: argparse.Namespace) -> dict[str, Any]:
 _OPENS_SECRETS = frozenset({"up", "api", "scheduler", "reaper", "migrate", "secrets"})
 
 
-def _parser() -> argparse.ArgumentParser:
+# The verbs that are not the client's: run in-process, with the service settings.
+_SERVICE_VERBS = frozenset({"up", "api", "scheduler", "reaper", "migrate", "openapi", "health", "cron-check"})
+
+
+def _parser(client_verbs: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cronhook", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cronhook {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,7 +121,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_health_arguments(health)
     health.set_defaults(func=_cmd_health)
-    add_client_commands(sub)
+    if client_verbs:
+        from app.client.commands import add_client_commands
+
+        add_client_commands(sub)
 
     check = sub.add_parser("cron-check", help="list cron jobs whose fire times changed with Vixie cron semantics")
     check.add_argument("--fires", type=fires_arg, default=DEFAULT_FIRES, help="fire times compared per job (1-1000)")
@@ -141,106 +148,22 @@ def _processes_arg(cmd: argparse.ArgumentParser) -> None:
     )
 
 
-def _warn_if_egress_opened(settings: Settings) -> None:
-    """Deliveries (scheduler) and target URLs (API) may reach internal addresses: say so loudly,
-    once per command (its children, spawned after this, stay quiet)."""
-    policy = settings.egress_policy
-    if not policy.is_default:
-        log_once_per_command(
-            logger,
-            "egress_internal_allowed",
-            logging.WARNING,
-            allowed=policy.describe(),
-            detail="webhook targets may reach these internal addresses and hosts (CRONHOOK_EGRESS_ALLOW)",
-        )
-
-
-class _Server(uvicorn.Server):
-    """Exits normally after a graceful stop on SIGTERM/SIGINT. (uvicorn raises the signal
-    again once stopped, which makes the exit code -15 and skips atexit.)"""
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        self._captured_signals.clear()
-
-
-def _scheduler_children(settings: Settings) -> list[ChildSpec]:
-    """`--processes N` above 1: N scheduler processes, each a replica of its own."""
-    count = settings.scheduler_processes
-    if count <= 1:
-        return []
-    return [ChildSpec(f"scheduler-{i}", ["scheduler"], child_env(dict(os.environ), i)) for i in range(1, count + 1)]
-
-
-def _serve(settings: Settings, run_services: bool) -> None:
-    """`api` and `up`: this process serves the API (and for `up` runs the reaper, and the
-    scheduler unless it has processes of its own); `--workers` adds API processes on the
-    same listening socket, `--processes` scheduler processes."""
-    inherited = os.environ.pop(LISTEN_FD_ENV, None)
-    if inherited is None:
-        # A worker of `--workers` serves its parent's socket: the port is taken, by design.
-        ensure_port_free(settings.host, settings.port, "--port or CRONHOOK_PORT")
-        try:
-            event_loop.run(check_database(settings))
-        except DatabaseUnusable as exc:
-            print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
-            raise SystemExit(2) from None
-    _warn_if_egress_opened(settings)
-    sockets: list[socket.socket] | None = None
-    children = _scheduler_children(settings) if run_services else []
-    if inherited is not None:
-        sockets = [socket.socket(fileno=int(inherited))]
-    elif settings.api_workers > 1:
-        listener = _listen(settings.host, settings.port)
-        sockets = [listener]
-        fd = listener.fileno()
-        for i in range(2, settings.api_workers + 1):
-            env = {**child_env(dict(os.environ), i), LISTEN_FD_ENV: str(fd)}
-            children.append(ChildSpec(f"api-{i}", ["api"], env, pass_fds=(fd,)))
-    supervisor = Supervisor(children, grace_s=settings.max_target_timeout_s) if children else None
-    app = create_app(
-        settings,
-        run_services=run_services,
-        scheduler_in_process=run_services and settings.scheduler_processes <= 1,
-        supervisor=supervisor,
-    )
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        lifespan="on",
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-    )
-    _Server(config).run(sockets=sockets)
-    if supervisor is not None and supervisor.failed:
-        raise SystemExit(1)
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, port))
-    listener.listen(2048)
-    listener.set_inheritable(True)
-    return listener
-
-
 def _cmd_up(settings: Settings, args: argparse.Namespace) -> None:
-    _serve(settings, run_services=True)
+    from app.serve import serve  # the API stack: imported by the roles that serve it only
+
+    serve(settings, run_services=True)
 
 
 def _cmd_api(settings: Settings, args: argparse.Namespace) -> None:
-    _serve(settings, run_services=False)
+    from app.serve import serve
+
+    serve(settings, run_services=False)
 
 
 def _cmd_scheduler(settings: Settings, args: argparse.Namespace) -> None:
     ensure_port_free(settings.metrics_host, settings.metrics_port, "CRONHOOK_METRICS_PORT")
-    _warn_if_egress_opened(settings)
-    children = _scheduler_children(settings)
+    warn_if_egress_opened(settings)
+    children = scheduler_children(settings)
     if children:
         _supervise(settings, children)
         return
@@ -322,6 +245,8 @@ def _cmd_health(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _cmd_openapi(settings: Settings, args: argparse.Namespace) -> None:
+    from app.api.app import create_app
+
     print(json.dumps(create_app(settings).openapi(), indent=2, sort_keys=True))  # noqa: T201
 
 

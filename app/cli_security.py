@@ -16,11 +16,10 @@ import os
 import sys
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from app.api.quotas import default_limits
-from app.client.http import ApiClient, ApiError
 from app.domain.quotas import FLOAT_LIMITS, LIMIT_FIELDS
 from app.keyring import new_key_entry
 from app.logs import log_event
@@ -30,6 +29,9 @@ from app.store.audit import audit_append
 from app.store.quotas import tenant_limits_get, tenant_limits_set
 from app.store.target_secrets import target_secrets_reseal
 from app.store.tenants import api_key_create_row, api_key_list, api_key_revoke, tenant_ensure, tenant_get_id
+
+if TYPE_CHECKING:
+    from app.client.http import ApiClient
 
 logger = logging.getLogger("app.cli")
 
@@ -86,6 +88,9 @@ def _through_admin_api(settings: Settings, server: str, request: Callable[[ApiCl
             file=sys.stderr,
         )
         raise SystemExit(2)
+    # httpx loads here, not in every service process that imports this module.
+    from app.client.http import ApiClient, ApiError
+
     # One line per problem on stderr, not httpx's log of each request.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:

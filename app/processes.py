@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from app.logs import log_event
 from app.metrics import process_exited
+from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,14 @@ class ChildSpec:
     args: list[str]  # the `cronhook` arguments, e.g. ["scheduler"]
     env: dict[str, str] = field(default_factory=dict)
     pass_fds: tuple[int, ...] = ()
+
+
+def scheduler_children(settings: Settings) -> list[ChildSpec]:
+    """`--processes N` above 1: N scheduler processes, each a replica of its own."""
+    count = settings.scheduler_processes
+    if count <= 1:
+        return []
+    return [ChildSpec(f"scheduler-{i}", ["scheduler"], child_env(dict(os.environ), i)) for i in range(1, count + 1)]
 
 
 def child_env(base: dict[str, str], index: int) -> dict[str, str]:
@@ -90,8 +99,10 @@ class Children:
         # waits those few milliseconds and ends it cleanly, instead of killing it.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
+            # -P: the working directory is not put first on sys.path, so a project's own `app`
+            # package where cronhook was started cannot stand in for cronhook's.
             proc = subprocess.Popen(
-                [sys.executable, "-m", "app", *spec.args], env=env, pass_fds=(self._read_fd, *spec.pass_fds)
+                [sys.executable, "-P", "-m", "app", *spec.args], env=env, pass_fds=(self._read_fd, *spec.pass_fds)
             )
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

@@ -19,9 +19,8 @@ from app import event_loop
 from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine
 from app.db.errors import is_transient_db_error, outage_reason
-from app.db.migrate import migrate_to_head
 from app.keyring import KeyRing, KeyRingError
-from app.logs import log_event
+from app.logs import log_event, log_once_per_command
 from app.settings import Settings
 from app.store.rescues import replica_session_name
 from app.store.target_secrets import target_secret_key_ids, target_secrets_reseal
@@ -89,6 +88,10 @@ class Runtime:
         await self._wait_for_database()
         migrating = self.settings.auto_migrate if migrate is None else migrate
         if migrating:
+            # Alembic (and Mako) load only in a process that migrates: not in the children of
+            # --processes/--workers, which start with migrations off.
+            from app.db.migrate import migrate_to_head
+
             await migrate_to_head(self._engine)
         if self._opens_secrets or self.settings.secret_keys is not None or self.settings.database_url is None:
             await self._start_key_ring(seal=migrating)
@@ -221,3 +224,17 @@ def run_role(
     finally:
         # Never started when a stop came during start-up: closed, not left to warn at exit.
         main.close()
+
+
+def warn_if_egress_opened(settings: Settings) -> None:
+    """Deliveries (scheduler) and target URLs (API) may reach internal addresses: say so loudly,
+    once per command (its children, spawned after this, stay quiet)."""
+    policy = settings.egress_policy
+    if not policy.is_default:
+        log_once_per_command(
+            logger,
+            "egress_internal_allowed",
+            logging.WARNING,
+            allowed=policy.describe(),
+            detail="webhook targets may reach these internal addresses and hosts (CRONHOOK_EGRESS_ALLOW)",
+        )

@@ -41,15 +41,25 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def start(args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen([CRONHOOK, *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen([CRONHOOK, *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+
+
+def project_with_its_own_app_package(tmp_path: Path) -> Path:
+    """A directory like many a FastAPI project's: its own `app` package, which exits 3."""
+    project = tmp_path / "project"
+    (project / "app").mkdir(parents=True)
+    (project / "app" / "__init__.py").write_text("raise SystemExit(3)\n")
+    (project / "app" / "__main__.py").write_text("raise SystemExit(3)\n")
+    return project
 
 
 async def test_sigterm_stops_every_scheduler_process_with_exit_0(db_url: str, tmp_path: Path) -> None:
     log = tmp_path / "scheduler.log"
     env = base_env(CRONHOOK_DATABASE_URL=db_url, CRONHOOK_REPLICA_ID="multi")
-    parent = start(["scheduler", "--processes", "2"], env, log)
+    # Started where a project's own `app` package is: the children are cronhook's still.
+    parent = start(["scheduler", "--processes", "2"], env, log, cwd=project_with_its_own_app_package(tmp_path))
     try:
         # Both children are replicas of their own, named after the parent's replica id.
         await wait_for(lambda: len(events(log, "scheduler_started")) == 2, timeout=60, message="two schedulers")
