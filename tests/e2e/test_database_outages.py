@@ -154,15 +154,16 @@ async def test_refused_connections_and_a_claim_timeout_are_waited_out_logged_onc
 
             def claim_timed_out() -> bool:
                 return any(
-                    "statement_timeout" in e["reason"]
-                    for e in warnings_of(log, "scheduler_db_unavailable", lock_began)
+                    "statement_timeout" in e["reason"] for e in warnings_of(log, "scheduler_db_unavailable", lock_began)
                 )
 
             await wait_for(claim_timed_out, timeout=OUTAGE_S + 20, message="the claim hit the statement timeout")
             await asyncio.sleep(min(OUTAGE_S, 4))  # more timed-out passes (idle-in-transaction: 10 s)
         await wait_for(lambda: delivered(15), timeout=30, message="deliveries after the lock")
         await wait_for(
-            lambda: len(events(log, "scheduler_db_recovered", lock_began)) >= 1, timeout=30, message="scheduler recovered"
+            lambda: len(events(log, "scheduler_db_recovered", lock_began)) >= 1,
+            timeout=30,
+            message="scheduler recovered",
         )
         unavailable = warnings_of(log, "scheduler_db_unavailable", lock_began)
         assert len(unavailable) == 1, ("a statement-timeout outage is logged once", unavailable)
