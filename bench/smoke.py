@@ -53,6 +53,7 @@ NEEDS: dict[str, set[str]] = {
     "retention": {"database"},
     "fairness": {"database"},
     "list_memory": {"database"},
+    "footprint": {"database"},
     "soak": {"database"},
     "lateness": {"database", "peers"},
     "chains": {"database", "peers"},

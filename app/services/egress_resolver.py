@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from typing import Protocol, TypedDict
 from urllib.parse import urlsplit
 
 from aiohappyeyeballs import AddrInfoType
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import ThreadedResolver
 
 from app.domain.egress import (
     EgressPolicy,
@@ -60,12 +59,65 @@ def literal_host_denied(policy: EgressPolicy, host: str) -> bool:
     return address is not None and not policy.allows_address(address)
 
 
-class EgressResolver(AbstractResolver):
+class ResolveResult(TypedDict):
+    """One address a name resolved to (the shape aiohttp's resolvers use)."""
+
+    hostname: str
+    host: str
+    port: int
+    family: int
+    proto: int
+    flags: int
+
+
+class Resolver(Protocol):
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]: ...
+
+    async def close(self) -> None: ...
+
+
+# Addresses come back as numbers, never names (getnameinfo, for a scoped IPv6 address).
+_NUMERIC = socket.NI_NUMERICHOST | socket.NI_NUMERICSERV
+
+
+class SystemResolver:
+    """The system resolver (getaddrinfo in the loop's thread pool), as aiohttp's
+    ThreadedResolver: stream sockets, only address families this host has configured."""
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, family=family, flags=socket.AI_ADDRCONFIG)
+        results: list[ResolveResult] = []
+        for info_family, _, proto, _, address in infos:
+            if info_family == socket.AF_INET6:
+                if len(address) < 3:
+                    continue  # a Python built without IPv6
+                if address[3]:
+                    # A link-local address keeps its scope ("fe80::1%eth0").
+                    resolved_host, service = await loop.getnameinfo(address, _NUMERIC)
+                    results.append(_result(host, resolved_host, int(service), info_family, proto))
+                    continue
+            results.append(_result(host, str(address[0]), int(address[1]), info_family, proto))
+        return results
+
+    async def close(self) -> None:
+        return None
+
+
+def _result(hostname: str, host: str, port: int, family: int, proto: int) -> ResolveResult:
+    return ResolveResult(hostname=hostname, host=host, port=port, family=family, proto=proto, flags=_NUMERIC)
+
+
+class EgressResolver:
     """Resolves names with the system resolver and returns only the addresses allowed."""
 
-    def __init__(self, policy: EgressPolicy, inner: AbstractResolver | None = None) -> None:
+    def __init__(self, policy: EgressPolicy, inner: Resolver | None = None) -> None:
         self._policy = policy
-        self._inner = inner or ThreadedResolver()
+        self._inner: Resolver = inner or SystemResolver()
         # Addresses that allowed host names resolved to: the socket check lets these through.
         self.vetted: set[IPAddress] = set()
 

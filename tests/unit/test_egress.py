@@ -7,7 +7,6 @@ import ipaddress
 import socket
 
 import pytest
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from app.domain.egress import EgressPolicy, denied_reason, is_legacy_ipv4_literal, parse_egress_allow
 from app.services.egress_resolver import (
@@ -15,6 +14,7 @@ from app.services.egress_resolver import (
     LEGACY_LITERAL_DETAIL,
     EgressDenied,
     EgressResolver,
+    ResolveResult,
     literal_host_denied,
     url_refusal,
 )
@@ -145,7 +145,7 @@ def test_literal_hosts_are_judged_by_the_address_they_spell() -> None:
     assert not literal_host_denied(parse_egress_allow("127.0.0.0/8"), "2130706433")
 
 
-class FixedResolver(AbstractResolver):
+class FixedResolver:
     """Answers every lookup with the same addresses (stands in for DNS in a unit test)."""
 
     def __init__(self, *addresses: str) -> None:

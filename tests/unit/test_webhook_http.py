@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from app.domain.egress import EgressPolicy, parse_egress_allow
-from app.services.egress_resolver import EgressDenied, EgressResolver
+from app.services.egress_resolver import EgressDenied, EgressResolver, ResolveResult
 from app.services.webhook_http import (
     MAX_BODY_BYTES,
     BadResponse,
@@ -78,7 +77,7 @@ async def answer_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         await writer.drain()
 
 
-class Loopback(AbstractResolver):
+class Loopback:
     """Resolves every name to `addresses` (loopback by default), in that order."""
 
     def __init__(self, addresses: tuple[str, ...] = ("127.0.0.1",)) -> None:
