@@ -12,8 +12,15 @@ The database is fresh (embedded in a temporary folder, or a scratch database on
 --database-url's server, dropped at the end); cronhook migrates it and owns all partitions
 before the first job is due.
 
+With --from-start, it measures the first seconds instead: `--cronhook-cmd` is launched on a
+fresh database and, as soon as /readyz says ready, --start-jobs (200) jobs are written, due
+evenly over the --start-window-s (10) seconds that begin --lead-s (2) later: while the
+scheduler processes that started a moment apart settle their partitions. Reported besides
+their lateness: how long after the launch /readyz said ready.
+
     .venv/bin/python bench/lateness.py
     .venv/bin/python bench/lateness.py --rates 1000 --env CRONHOOK_POLL_INTERVAL_S=0.02
+    .venv/bin/python bench/lateness.py --from-start
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import asyncio
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,12 +42,14 @@ from harness import (
     add_yardstick_args,
     jobs_insert_series,
     load_peer,
+    migrated_engine,
     parse_args,
     parse_env,
     positive_int,
     print_result,
     run_bench,
     target_for,
+    target_in_store,
     wait_partitions_owned,
 )
 from profiles import brief, print_profile, profiled
@@ -47,6 +57,20 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
+
+
+def _late_figures(fig: dict[str, Any], n: int) -> dict[str, Any]:
+    distinct = fig.get("distinct") or 0
+    return {
+        "jobs": n,
+        "delivered": fig["delivered"],
+        "duplicates": fig.get("duplicates"),
+        "lost": n - distinct,
+        "late_ms_p50": fig.get("late_ms_p50"),
+        "late_ms_p99": fig.get("late_ms_p99"),
+        "late_ms_max": fig.get("late_ms_max"),
+        "late_basis": fig.get("late_basis"),
+    }
 
 
 async def phase(
@@ -75,17 +99,9 @@ async def phase(
     finally:
         rx.stop()
     fig = side_by_side.figures(rx.records(), first_due, n)
-    distinct = fig.get("distinct") or 0
     out = {
         "rate_per_s": rate,
-        "jobs": n,
-        "delivered": fig["delivered"],
-        "duplicates": fig.get("duplicates"),
-        "lost": n - distinct,
-        "late_ms_p50": fig.get("late_ms_p50"),
-        "late_ms_p99": fig.get("late_ms_p99"),
-        "late_ms_max": fig.get("late_ms_max"),
-        "late_basis": fig.get("late_basis"),
+        **_late_figures(fig, n),
         "cpu_ms_per_delivery": round(cpu_s * 1000 / max(fig["delivered"], 1), 3),
     }
     if profile:
@@ -94,7 +110,58 @@ async def phase(
     return out
 
 
+def _ready_after_s(service: Service, launched: float, timeout_s: float) -> float | None:
+    """Seconds from the launch until /readyz answered 200 (None: not within timeout_s)."""
+    while time.time() < launched + timeout_s:
+        try:
+            with urllib.request.urlopen(service.probe_base + "/readyz", timeout=1) as answer:
+                if answer.status == 200:
+                    return round(time.time() - launched, 3)
+        except OSError:
+            pass
+        time.sleep(0.02)
+    return None
+
+
+async def from_start(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Jobs due in the first seconds after the command is launched (module docstring)."""
+    n = args.start_jobs
+    side_by_side = load_peer("side_by_side", args.peers_dir)
+    async with BenchDatabase(args.database_url) as url:
+        engine = await migrated_engine(url)
+        rx = side_by_side.Receiver(load_peer("env").ensure_peers_venv(), workdir, "from-start")
+        service = Service(args.cronhook_cmd, url, workdir / "cronhook.log", parse_env(args.env))
+        try:
+            target_id = await target_in_store(engine, rx.url + "/hook")
+            launched = time.time()
+            await asyncio.to_thread(service.start, False)
+            ready_after_s = await asyncio.to_thread(_ready_after_s, service, launched, 60.0)
+            # Due from --lead-s after /readyz said ready: what a user scheduling then expects.
+            first_due = time.time() + args.lead_s
+            async with engine.begin() as conn:
+                await jobs_insert_series(conn, target_id, n, first_due, args.start_window_s / n)
+            deadline = first_due + args.start_window_s + args.grace
+            while time.time() < deadline and (rx.count() or 0) < n:
+                service.check_alive()
+                await asyncio.sleep(0.25)
+            rx.settle(n, quiet_s=args.quiet_s, timeout=5.0)
+        finally:
+            rx.stop()
+            await asyncio.to_thread(service.stop)
+            await engine.dispose()
+    fig = _late_figures(side_by_side.figures(rx.records(), first_due, n), n)
+    fig |= {"first_due_after_ready_s": args.lead_s, "window_s": args.start_window_s, "ready_after_s": ready_after_s}
+    print(
+        f"from start: ready {ready_after_s} s after launch; jobs due {args.lead_s:g}-"
+        f"{args.lead_s + args.start_window_s:g} s after ready: lateness p50 {fig['late_ms_p50']} ms, p99 "
+        f"{fig['late_ms_p99']} ms, max {fig['late_ms_max']} ms; lost {fig['lost']}, duplicates {fig['duplicates']}"
+    )
+    return {"bench": "lateness", "mode": "from_start", "cmd": args.cronhook_cmd, "env": args.env, "phases": [fig]}
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    if args.from_start:
+        return await from_start(args, workdir)
     result: dict[str, Any] = {"bench": "lateness", "cmd": args.cronhook_cmd, "env": args.env, "phases": []}
     async with BenchDatabase(args.database_url) as url:
         engine = create_engine(url, pool_size=2)
@@ -123,6 +190,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grace", type=float, default=30.0, help="seconds after the last due time to give up")
     parser.add_argument("--lead-s", type=float, default=2.0, help="seconds from the insert to the first due time")
     parser.add_argument("--quiet-s", type=float, default=1.0, help="receiver quiet this long before its log is read")
+    parser.add_argument("--from-start", action="store_true", help="jobs due in the first seconds after launch")
+    parser.add_argument("--start-jobs", type=positive_int, default=200, help="with --from-start: how many (200)")
+    parser.add_argument("--start-window-s", type=float, default=10.0, help="with --from-start: due over (10 s)")
     add_database_url_arg(parser)
     add_service_args(parser, "cronhook up")
     add_yardstick_args(parser)

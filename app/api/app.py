@@ -88,6 +88,9 @@ def create_app(
             scheduler=in_process,
             reaper=run_services,
             role="up" if run_services else "api",
+            # `cronhook up` is ready once its schedulers (in this process or its children)
+            # hold their partitions: a job due in its first seconds is then on time.
+            await_schedulers=max(1, settings.scheduler_processes) if run_services else 0,
         )
         # /readyz follows this process's commits and the cluster's schedulers from now on.
         app.state.db_watch = DB_WATCH

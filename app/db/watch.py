@@ -54,6 +54,9 @@ class DbWatch:
         self.last_commit = time.monotonic()
         # The API's view of the cluster (app/services/db_health.py): None until first read.
         self.schedulers_live: bool | None = None
+        # `cronhook up` at start-up: why its schedulers' partitions are not settled yet (None:
+        # not waited for, or settled once; start-up is then over for good).
+        self.starting: str | None = None
 
     def operation(self, name: str) -> _Operation:
         return _Operation(self, name)
@@ -78,6 +81,7 @@ class DbWatch:
         self.role = role
         self.last_commit = time.monotonic()
         self.schedulers_live = None
+        self.starting = None
 
 
 def readiness(watch: DbWatch, warn_s: float, now: float | None = None) -> str | None:
@@ -90,6 +94,9 @@ def readiness(watch: DbWatch, warn_s: float, now: float | None = None) -> str | 
         return f"no database commit has completed for {since:.0f} s{waiting}"
     if watch.schedulers_live is False:
         return "no scheduler of the cluster has heartbeated within its lease"
+    if watch.starting:
+        # Ready now, a job due in the next seconds could wait for a partition's first owner.
+        return f"starting: {watch.starting}"
     return None
 
 

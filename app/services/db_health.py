@@ -27,7 +27,7 @@ from sqlalchemy.pool import NullPool
 from app import metrics
 from app.db.watch import DbWatch
 from app.logs import log_event
-from app.store.db_health import database_commit_probe, schedulers_live, session_waits
+from app.store.db_health import database_commit_probe, partition_ownership, schedulers_live, session_waits
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,9 @@ _INSUFFICIENT_PRIVILEGE = "42501"
 # The waits look-up may itself hang on a sick server: it gives up after this.
 WAITS_DEADLINE_S = 2.0
 REPORT_INTERVAL_S = 1.0
+# While `cronhook up` waits for its schedulers to take every partition, the probe looks this
+# often, so /readyz turns ready within this long of it (a round of ownership is ~1 s).
+AWAIT_PARTITIONS_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,18 @@ class StallCheck:
 class CommitProbe:
     name = "commit_probe"
 
-    def __init__(self, engine: AsyncEngine, watch: DbWatch, warn_s: float, read_cluster: bool) -> None:
+    def __init__(
+        self, engine: AsyncEngine, watch: DbWatch, warn_s: float, read_cluster: bool, await_schedulers: int = 0
+    ) -> None:
         self._engine = engine
         self._watch = watch
         self._warn_s = warn_s
         self._read_cluster = read_cluster
+        # `cronhook up`: its schedulers, until the partitions settled among them once
+        # (app/db/watch.py, readiness); 0 once they have, or when not waited for.
+        self._awaiting = await_schedulers
+        if await_schedulers:
+            watch.starting = "the schedulers are starting"
         self.wake = asyncio.Event()
         self._weak = False
 
@@ -87,9 +97,14 @@ class CommitProbe:
                 self._watch.committed()
                 if self._read_cluster:
                     self._watch.schedulers_live = await schedulers_live(conn)
+                if self._awaiting:
+                    self._watch.starting = (await partition_ownership(conn)).settling(self._awaiting)
+                    self._awaiting = self._awaiting if self._watch.starting else 0
         return ProbePass(weak=self._weak)
 
     def idle_wait_s(self, result: ProbePass) -> float:
+        if self._awaiting:
+            return min(self._warn_s / 2, AWAIT_PARTITIONS_POLL_S)
         return self._warn_s / 2
 
 

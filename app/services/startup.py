@@ -68,16 +68,25 @@ def start_services(
     reaper: bool = True,
     role: str | None = None,
     read_cluster: bool | None = None,
+    await_schedulers: int = 0,
 ) -> Services:
     """`key_ring` opens the claimed jobs' target secrets (the Runtime's); `role` names the
     process in logs and metrics; `read_cluster` (default: when this process runs no
-    scheduler) makes readiness fail while no scheduler of the cluster is alive."""
+    scheduler) makes readiness fail while no scheduler of the cluster is alive;
+    `await_schedulers` (`cronhook up`: how many schedulers it starts) keeps it failing at
+    start-up until the partitions are settled among the cluster's schedulers."""
     tasks: list[asyncio.Task[None]] = []
     watchers: list[asyncio.Task[None]] = []
     # Every process follows its database: a commit probe for readiness, a stall reporter.
     DB_WATCH.reset(role or ("scheduler" if scheduler else "reaper" if reaper else "api"))
     warn_s = settings.db_stall_warn_s
-    probe = CommitProbe(engine, DB_WATCH, warn_s, read_cluster=not scheduler if read_cluster is None else read_cluster)
+    probe = CommitProbe(
+        engine,
+        DB_WATCH,
+        warn_s,
+        read_cluster=not scheduler if read_cluster is None else read_cluster,
+        await_schedulers=await_schedulers,
+    )
     reporter = StallReporter(engine, DB_WATCH, warn_s, replica_session_name(settings.replica_id))
     health_logger = logging.getLogger("app.services.db_health")
     # The probe retries at least every half stall period: readiness follows the database back.

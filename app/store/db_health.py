@@ -5,12 +5,14 @@ app/services/db_health.py; none of it is on a hot path."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Double, Text, column, func, select, table, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.store.tables import replicas
+from app.domain.partition import PARTITION_COUNT
+from app.store.tables import partition_leases, replicas
 
 # A commit as the service's writes make them, without a table: a transactional WAL message
 # gives the transaction an id and WAL of its own, so its commit is flushed and waits for a
@@ -68,3 +70,43 @@ async def schedulers_live(conn: AsyncConnection) -> bool | None:
     if row.live:
         return True
     return False if row.recent else None
+
+
+# The partitions held now, the live schedulers, how many of them hold any, and the fewest
+# partitions any holder has.
+_OWNED = (
+    select(partition_leases.c.owner)
+    .where(partition_leases.c.owner.is_not(None), partition_leases.c.expires_at > func.now())
+    .cte("owned")
+)
+_PER_OWNER = select(func.count().label("n")).select_from(_OWNED).group_by(_OWNED.c.owner).subquery("per_owner")
+_OWNERSHIP = select(
+    select(func.count()).select_from(_OWNED).scalar_subquery().label("held"),
+    select(func.count()).where(replicas.c.expires_at > func.now()).scalar_subquery().label("live"),
+    select(func.count(_OWNED.c.owner.distinct())).scalar_subquery().label("holders"),
+    select(func.coalesce(func.min(_PER_OWNER.c.n), 0)).scalar_subquery().label("fewest"),
+)
+
+
+@dataclass(frozen=True)
+class Ownership:
+    held: int
+    live: int
+    holders: int
+    fewest: int
+
+    def settling(self, schedulers: int) -> str | None:
+        """Why the partitions are not settled yet for `schedulers` starting schedulers, or None:
+        every partition held, by every live scheduler (at least `schedulers`), each with its
+        share. Until then a job due soon may wait for a partition's first owner or hand-over."""
+        if self.held < PARTITION_COUNT:
+            return f"{PARTITION_COUNT - self.held} of {PARTITION_COUNT} partitions have no scheduler yet"
+        live = max(self.live, schedulers)
+        if self.holders < live or self.fewest < PARTITION_COUNT // live:
+            return f"{live - self.holders} of {live} schedulers have not taken their share of the partitions yet"
+        return None
+
+
+async def partition_ownership(conn: AsyncConnection) -> Ownership:
+    row = (await conn.execute(_OWNERSHIP)).one()
+    return Ownership(int(row.held), int(row.live), int(row.holders), int(row.fewest))

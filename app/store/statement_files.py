@@ -29,6 +29,7 @@ from app.store import (
     claim_statements,
     completions,
     cron_jobs,
+    db_health,
     health,
     job_inserts,
     jobs,
@@ -114,6 +115,8 @@ RENDERED: tuple[Rendered, ...] = (
     Rendered("job_health_edges_default_deadline", health, "edge_statement", {"scope": health.Scope.ALL_DEADLINES}),
     Rendered("tenant_limits_find_deadlines", health, "_TENANTS_WITH_DEADLINES"),
     Rendered("job_count_by_health", health, "_GAUGE"),
+    # `cronhook up`'s start-up readiness: how the partitions are held.
+    Rendered("partition_ownership", db_health, "_OWNERSHIP"),
 )
 
 

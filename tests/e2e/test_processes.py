@@ -12,10 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.tables import jobs
+from app.domain.partition import PARTITION_COUNT
+from app.store.tables import jobs, partition_leases
 from tests.conftest import LOOPBACK_ALLOWED, TEST_SECRET_KEYS, make_job, make_target
 from tests.receiver import Receiver, Reply, wait_for
 
@@ -187,6 +188,41 @@ async def test_cronhook_up_serves_the_api_and_delivers_then_stops_on_sigterm(
     assert procs.terminate(service) == 0
     logs = procs.log("up")
     assert key not in logs and target["secret"] not in logs
+
+
+async def test_cronhook_up_is_ready_once_its_schedulers_hold_their_partitions(
+    db_url: str, engine: AsyncEngine, procs: Processes
+) -> None:
+    """`cronhook up` with two scheduler processes, started a moment apart: when /readyz first
+    says ready, every partition is held and each of them holds its share, so a job due in
+    the first seconds finds its partition's owner (no hand-over still to come)."""
+    port = free_port()
+    env = base_env(CRONHOOK_DATABASE_URL=db_url, CRONHOOK_SCHEDULER_PROCESSES="2")
+    procs.start("up", ["up", "--port", str(port)], env)
+    reasons: list[str] = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+
+        async def ready() -> bool:
+            try:
+                answer = await http.get("/readyz")
+            except httpx.TransportError:
+                return False
+            if answer.status_code != 200:
+                reasons.append(answer.json().get("reason") or "")
+            return answer.status_code == 200
+
+        await wait_for(ready, timeout=60, interval=0.02, message="readyz")
+        async with engine.connect() as conn:
+            owned = (
+                select(partition_leases.c.owner, func.count().label("n"))
+                .where(partition_leases.c.owner.is_not(None), partition_leases.c.expires_at > func.now())
+                .group_by(partition_leases.c.owner)
+            )
+            shares = {row.owner: row.n for row in await conn.execute(owned)}
+    assert sum(shares.values()) == PARTITION_COUNT, reasons[-3:]
+    assert len(shares) == 2 and min(shares.values()) >= PARTITION_COUNT // 2, (shares, reasons[-3:])
+    # While it waited, it said so.
+    assert all(reason.startswith("starting: ") for reason in reasons if "partition" in reason)
 
 
 async def test_cronhook_up_with_embedded_postgres_starts_and_stops_its_server(procs: Processes) -> None:
