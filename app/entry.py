@@ -10,8 +10,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import warnings
-from types import FrameType
 
 CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "audit", "schedules", "apply", "diff", "export"})
 # Roles that may run several processes (`--processes`, `--workers`) behind one /metrics.
@@ -32,20 +30,13 @@ def _share_metrics_between_processes() -> None:
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
 
 
-def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
-    # A stop this early can land between creating the role's main coroutine and running it:
-    # Python would then print "coroutine ... was never awaited" to stderr, a line that is not
-    # a log event. Nothing was started, so there is nothing to warn about.
-    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-    raise SystemExit(0)
-
-
 def _stop_cleanly_while_starting() -> None:
     """A SIGTERM that arrives while a service process is still starting (imports: seconds on
-    a busy machine) ends it with exit 0 and its exit handlers run (the metrics directory is
-    removed), as for one that arrives later, instead of killing it with 143. Nothing has
-    started yet; the role's own handler replaces this one once its event loop runs."""
-    signal.signal(signal.SIGTERM, _exit_cleanly)
+    a busy machine) ends it with exit 0, as one that arrives later does, instead of killing
+    it with 143 (app/early_stop.py)."""
+    from app import early_stop
+
+    early_stop.install()
 
 
 def main(argv: list[str] | None = None) -> None:

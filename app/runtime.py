@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app import event_loop
+from app import early_stop, event_loop
 from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine
 from app.db.errors import is_transient_db_error, outage_reason
@@ -208,6 +208,8 @@ def run_role(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if early_stop.requested():
+            stop.set()  # the SIGTERM came while the loop started, before the handler above
         runtime = Runtime(settings, generic_plans=generic_plans, opens_secrets=opens_secrets)
         try:
             await runtime.start(migrate=migrate)

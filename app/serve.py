@@ -5,13 +5,14 @@ with `--workers N` the API processes sharing it. Only these roles import the API
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from types import FrameType
 
 import uvicorn
 
-from app import event_loop
+from app import early_stop, event_loop
 from app.api.app import create_app
 from app.processes import LISTEN_FD_ENV, ChildSpec, Supervisor, child_env, scheduler_children
 from app.runtime import DatabaseUnusable, check_database, warn_if_egress_opened
@@ -26,6 +27,12 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if early_stop.requested():
+            # The SIGTERM came while the loop started, before uvicorn's handler was in place.
+            self.handle_exit(signal.SIGTERM, None)
 
 
 def serve(settings: Settings, run_services: bool) -> None:
