@@ -171,6 +171,20 @@ async def _target_set(conn: AsyncConnection, target_id: uuid.UUID, values: dict[
     return (await conn.execute(stmt.returning(*PUBLIC_COLUMNS))).mappings().one()
 
 
+def _pause_values(before: Any, given: dict[str, Any], **on_edge: Any) -> tuple[dict[str, Any], bool]:
+    """What pausing a target or tenant row `before` writes: the `reason` and `until` given,
+    and on the edge (it was not paused) the pause itself plus `on_edge`; and whether it is one."""
+    values: dict[str, Any] = {}
+    if "reason" in given:
+        values["paused_reason"] = given["reason"]
+    if "until" in given:
+        values["paused_until"] = given["until"]
+    edge = before["paused_at"] is None
+    if edge:
+        values.update(paused_at=func.now(), **on_edge)
+    return values, edge
+
+
 async def target_pause(
     conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID, given: dict[str, Any]
 ) -> PauseChange | None:
@@ -181,14 +195,7 @@ async def target_pause(
     before = await _target_lock(conn, tenant_id, target_id)
     if before is None:
         return None
-    values: dict[str, Any] = {}
-    if "reason" in given:
-        values["paused_reason"] = given["reason"]
-    if "until" in given:
-        values["paused_until"] = given["until"]
-    edge = before["paused_at"] is None
-    if edge:
-        values.update(paused_at=func.now(), pause_kind="manual")
+    values, edge = _pause_values(before, given, pause_kind="manual")
     row = await _target_set(conn, target_id, values) if values else before
     if edge:
         await event_emit(conn, tenant_id, EventType.TARGET_PAUSED, pause_event_data(row))
@@ -257,14 +264,7 @@ async def tenant_pause(conn: AsyncConnection, tenant_id: uuid.UUID, given: dict[
     before = await _tenant_lock(conn, tenant_id)
     if before is None:
         return None
-    values: dict[str, Any] = {}
-    if "reason" in given:
-        values["paused_reason"] = given["reason"]
-    if "until" in given:
-        values["paused_until"] = given["until"]
-    edge = before["paused_at"] is None
-    if edge:
-        values["paused_at"] = func.now()
+    values, edge = _pause_values(before, given)
     row = await _tenant_set(conn, tenant_id, values) if values else before
     return PauseChange(row, edge, held)
 

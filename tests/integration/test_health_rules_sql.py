@@ -12,6 +12,7 @@ import httpx
 from sqlalchemy import func, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.api.schemas.health import health_facts_of_row
 from app.domain.health import Health, HealthDefaults, HealthFacts, classify, thresholds
 from app.services.health_watch import health_watch_once
 from app.store import jobs as store
@@ -53,19 +54,7 @@ CASES: list[tuple[bool, dict[str, Any], bool]] = [
 
 
 def facts_of(row: Any, paused_target: uuid.UUID) -> HealthFacts:
-    return HealthFacts(
-        state=row["state"],
-        created_at=row["created_at"],
-        consecutive_failures=row["consecutive_failures"],
-        last_success_at=row["last_success_at"],
-        last_failure_at=row["last_failure_at"],
-        run_at=row["run_at"],
-        misfire_grace_s=row["misfire_grace_s"],
-        held=row["held_run_at"] is not None,
-        target_paused=row["target_id"] == paused_target,
-        alerted=row["health_alert"] == "failing",
-        resumed_at=row["resumed_at"],
-    )
+    return health_facts_of_row(row, target_paused=row["target_id"] == paused_target)
 
 
 async def test_the_sql_shows_what_the_rules_classify(

@@ -41,11 +41,10 @@ def expect_public(row: Any) -> ExpectPublic | None:
     return ExpectPublic(success_within_s=within, max_consecutive_failures=most)
 
 
-def health_of_row(row: Any) -> Health:
-    """The health a row read without it shows (app/domain/health.py), from its own columns:
-    written by a statement, it was read at its `updated_at` (that statement's now()). Its
-    target's pause shows only through a held occurrence."""
-    facts = HealthFacts(
+def health_facts_of_row(row: Any, target_paused: bool) -> HealthFacts:
+    """What a job row's health is judged from (app/domain/health.py), given whether its
+    target or tenant is paused."""
+    return HealthFacts(
         state=row["state"],
         created_at=row["created_at"],
         consecutive_failures=row["consecutive_failures"],
@@ -54,8 +53,15 @@ def health_of_row(row: Any) -> Health:
         run_at=row["run_at"],
         misfire_grace_s=row["misfire_grace_s"],
         held=row["held_run_at"] is not None,
-        target_paused=bool(row.get("target_paused")),
+        target_paused=target_paused,
         alerted=row["health_alert"] == ALERT_FAILING,
         resumed_at=row.get("resumed_at"),
     )
+
+
+def health_of_row(row: Any) -> Health:
+    """The health a row read without it shows (app/domain/health.py), from its own columns:
+    written by a statement, it was read at its `updated_at` (that statement's now()). Its
+    target's pause shows only through a held occurrence."""
+    facts = health_facts_of_row(row, target_paused=bool(row.get("target_paused")))
     return shown_health(facts, row.get("db_now") or row["updated_at"])
