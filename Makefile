@@ -7,8 +7,13 @@ INPUTS_SUM := $(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -
 # the exact versions in requirements.lock (what the image and CI use).
 RUN_STAMP := $(VENV)/.installed-run-$(INPUTS_SUM)
 STAMP := $(VENV)/.installed-dev-$(INPUTS_SUM)
+# The Node tools of the TypeScript contract check (tests/typescript/), apart: `make test` does not
+# need npm (the test skips without them, outside CI). The stamp lives in node_modules, which
+# `npm ci` recreates: a changed lock file or a missing node_modules reinstalls.
+TS_DIR := tests/typescript
+TS_STAMP := $(TS_DIR)/node_modules/.installed-$(shell cksum < $(TS_DIR)/package-lock.json | cut -d' ' -f1)
 
-.PHONY: run venv test check lint typecheck unit pytest pytest-dates openapi sql bench bench-smoke lock clean
+.PHONY: run venv ts-deps test check lint typecheck unit pytest pytest-dates openapi sql bench bench-smoke lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +36,14 @@ run: $(RUN_STAMP)
 
 # The virtualenv with the test and lint tools, and nothing else (.ci/run starts with it).
 venv: $(STAMP)
+
+# The pinned openapi-typescript, openapi-fetch and TypeScript (tests/typescript/package-lock.json)
+# that tests/unit/test_typescript_contract.py compiles a client with; .ci/run installs them.
+ts-deps: $(TS_STAMP)
+
+$(TS_STAMP): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
+	npm ci --no-audit --no-fund --prefix $(TS_DIR)
+	touch $(TS_STAMP)
 
 test: $(STAMP) lint typecheck pytest
 
@@ -104,4 +117,4 @@ bench-smoke: $(STAMP)
 	$(BIN)/python bench/smoke.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(TS_DIR)/node_modules
