@@ -38,6 +38,7 @@ from app.api.routes import (
     pauses,
     schedule_sets,
     schedules,
+    stats,
     targets,
 )
 from app.api.routes.job_batches import BATCH_PATH
@@ -147,6 +148,7 @@ def create_app(
         check_ins.router,
         pauses.router,
         audit.router,
+        stats.router,
         admin.router,
         cluster.router,
         health.router,

@@ -45,6 +45,8 @@ async def dead_letter_list(
 ) -> list[RowMapping]:
     """Newest first; optionally without payloads, and with each payload's JSON text size."""
     columns: list[Any] = [*(column for column in dead_letters.c if with_payload or column.name != "payload")]
+    # The job's name, by its primary key, for each row of the page only.
+    columns.append(select(jobs.c.name).where(jobs.c.id == dead_letters.c.job_id).scalar_subquery().label("job_name"))
     if with_payload_bytes:
         columns.append(func.octet_length(cast(dead_letters.c.payload, Text)).label("payload_bytes"))
     stmt = _filtered(select(*columns), tenant_id, where or DeadLetterFilter())

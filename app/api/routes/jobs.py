@@ -113,6 +113,10 @@ async def list_jobs(
     health: Annotated[
         Health | None, Query(description="Only the jobs showing this health (e.g. `failing`: README, Schedule health)")
     ] = None,
+    q: Annotated[
+        str | None,
+        Query(min_length=1, max_length=200, description="A job id, or part of a job's name or schedule key (any case)"),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
     include: IncludePayload = None,
@@ -133,6 +137,7 @@ async def list_jobs(
         with_payload=False,
         with_payload_bytes=include is not None,
         health=health,
+        search=q,
     )
     if include is None:
         return page_of(rows, limit, job_public)

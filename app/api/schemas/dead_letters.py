@@ -15,6 +15,7 @@ from app.api.schemas.jobs import RunPublic
 class DeadLetterPublic(BaseModel):
     id: uuid.UUID
     job_id: uuid.UUID
+    job_name: str | None = Field(description="The dead-lettered job's name, if it has one")
     target_id: uuid.UUID
     scheduled_for: dt.datetime
     payload: JsonValue = Field(description="In lists, null unless `include=payload`")
