@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from app import __version__
+from app.domain.health import Health
 from app.domain.states import JobState
 
 HERE = Path(__file__).parent
@@ -25,26 +26,39 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-NAV = (("jobs", "Jobs"), ("dead-letters", "Dead letters"), ("targets", "Targets"), ("cluster", "Cluster"))
+NAV = (
+    ("overview", "Overview"),
+    ("jobs", "Jobs"),
+    ("dead-letters", "Dead letters"),
+    ("targets", "Targets"),
+    ("cluster", "Admin"),
+)
+# The "live" box reloads a page's data this often (console.js reads it from the page).
+REFRESH_S = 10
 
 
 def _page(request: Request, page: str, title: str, **context: object) -> HTMLResponse:
     return templates.TemplateResponse(
         request,
         f"{page}.html",
-        {"page": page, "title": title, "nav": NAV, "version": __version__, **context},
+        {"page": page, "title": title, "nav": NAV, "version": __version__, "refresh_s": REFRESH_S, **context},
         headers=SECURITY_HEADERS,
     )
 
 
 @router.get("", response_model=None)
 async def console_home() -> RedirectResponse:
-    return RedirectResponse("/ui/jobs", status_code=307)
+    return RedirectResponse("/ui/overview", status_code=307)
+
+
+@router.get("/overview", response_class=HTMLResponse)
+async def overview_page(request: Request) -> HTMLResponse:
+    return _page(request, "overview", "Overview")
 
 
 @router.get("/jobs", response_class=HTMLResponse)
 async def jobs_page(request: Request) -> HTMLResponse:
-    return _page(request, "jobs", "Jobs", states=[s.value for s in JobState])
+    return _page(request, "jobs", "Jobs", states=[s.value for s in JobState], healths=[h.value for h in Health])
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -64,7 +78,7 @@ async def targets_page(request: Request) -> HTMLResponse:
 
 @router.get("/cluster", response_class=HTMLResponse)
 async def cluster_page(request: Request) -> HTMLResponse:
-    return _page(request, "cluster", "Cluster")
+    return _page(request, "cluster", "Admin: cluster and keys")
 
 
 def mount_console(app: FastAPI) -> None:
