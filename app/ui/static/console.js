@@ -522,6 +522,10 @@ async function openDeadLetter(dl, targets) {
   form.elements.payload.value = payload;
   const select = form.elements.target_id; select.replaceChildren();
   for (const t of targets.values()) select.append(el("option", { value: t.id, selected: t.id === detail.target_id }, t.name));
+  // Its target deleted since: kept as the choice, so a replay goes nowhere else unasked (the API says why).
+  if (!targets.has(detail.target_id)) {
+    select.prepend(el("option", { value: detail.target_id, selected: true }, `${shortId(detail.target_id)} (deleted)`));
+  }
   const runs = $("#dead-letter-runs"); runs.replaceChildren();
   for (const run of detail.runs) {
     runs.append(el("li", {}, `${when(run.finished_at)} · ${run.outcome}${run.status_code ? ` ${run.status_code}` : ""}`,
