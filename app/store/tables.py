@@ -139,6 +139,24 @@ api_rate_buckets = Table(
     _ts("updated_at", nullable=False, default_now=True),
 )
 
+# Unfinished jobs per tenant, kept with the writes (migration 0023): triggers on jobs append
+# +1/-1 deltas whenever a row becomes or stops being unfinished; the quota's read folds a
+# tenant's deltas into its counter (app/store/quotas.py).
+tenant_job_counts = Table(
+    "tenant_job_counts",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("active", BigInteger, nullable=False),
+    postgresql_with={"fillfactor": "50"},
+)
+tenant_job_deltas = Table(
+    "tenant_job_deltas",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("delta", Integer, nullable=False),
+    Index("ix_tenant_job_deltas_tenant", "tenant_id"),
+)
+
 # Every mutation, append-only (a trigger refuses UPDATE and DELETE): who, what, when. Never
 # secrets or payloads: only ids.
 audit_log = Table(
