@@ -69,5 +69,6 @@ def revision_of(connection: Connection) -> str | None:
 
 
 async def schema_is_current(engine: AsyncEngine) -> bool:
+    """As Alembic sees it (app/db/schema_head.py answers the same without loading Alembic)."""
     async with engine.connect() as connection:
         return await connection.run_sync(revision_of) == head_revision()

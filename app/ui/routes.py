@@ -4,20 +4,33 @@ here can log it, and the console can do exactly what the key may do through the 
 
 from __future__ import annotations
 
+import functools
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
-from fastapi.templating import Jinja2Templates
 
 from app import __version__
 from app.domain.health import Health
 from app.domain.states import JobState
 
+if TYPE_CHECKING:
+    from fastapi.templating import Jinja2Templates
+
 HERE = Path(__file__).parent
-templates = Jinja2Templates(directory=HERE / "templates")
+
+
+@functools.cache
+def _templates() -> Jinja2Templates:
+    """Jinja2 loads with the first page: most API processes never serve the console."""
+    from fastapi.templating import Jinja2Templates
+
+    return Jinja2Templates(directory=HERE / "templates")
+
+
 router = APIRouter(prefix="/ui", include_in_schema=False)
 # The pages load only our own script and style; no inline script runs.
 SECURITY_HEADERS = {
@@ -38,7 +51,7 @@ REFRESH_S = 10
 
 
 def _page(request: Request, page: str, title: str, **context: object) -> HTMLResponse:
-    return templates.TemplateResponse(
+    return _templates().TemplateResponse(
         request,
         f"{page}.html",
         {"page": page, "title": title, "nav": NAV, "version": __version__, "refresh_s": REFRESH_S, **context},

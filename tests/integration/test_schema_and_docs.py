@@ -14,9 +14,12 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
+from app.db import schema_head
+from app.db.engine import create_engine
 from app.db.migrate import head_revision, schema_is_current
 from app.settings import Settings
 from app.store.schema import metadata
+from tests.conftest import admin_execute, database_url, new_database_name
 
 OPENAPI = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
 
@@ -31,6 +34,20 @@ async def test_migrations_at_head_match_the_table_definitions(engine: AsyncEngin
         assert await conn.run_sync(diff) == []
     assert await schema_is_current(engine)
     assert head_revision() is not None
+
+
+async def test_the_light_schema_check_agrees_with_alembics(engine: AsyncEngine, pg_server_url: str) -> None:
+    assert await schema_head.schema_is_current(engine)
+    # A database never migrated: no revision table, not current (and no error).
+    name = new_database_name("_bare")
+    await admin_execute(pg_server_url, f'CREATE DATABASE "{name}"')
+    bare = create_engine(database_url(pg_server_url, name), pool_size=1)
+    try:
+        assert not await schema_head.schema_is_current(bare)
+        assert not await schema_is_current(bare)
+    finally:
+        await bare.dispose()
+        await admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_committed_openapi_matches_the_app() -> None:

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.deps import get_engine
 from app.api.schemas.operations import Health, Readiness
 from app.db.errors import is_transient_db_error, outage_reason
-from app.db.migrate import schema_is_current
+from app.db.schema_head import schema_is_current
 from app.db.watch import readiness
 from app.logs import log_event
 
