@@ -283,7 +283,14 @@ def _next_due_at(fenced: bool) -> Any:
     """The earliest run_at still ahead among waiting jobs (in the held partitions when
     fenced): one short index probe per priority level (ix_jobs_due), however large the table.
     Held occurrences (run_at HELD) are never due: a scheduler does not plan to wake for them."""
-    partition_held = jobs.c.partition == func.any(cast(bindparam("partitions", type_=Text), ARRAY(SmallInteger)))
+    # The held partitions' array text cast in a scalar subquery of its own (an initplan, parsed
+    # once), and `partition + 0` (a filter, never an index condition, as in the claim's scans):
+    # written `partition = ANY(CAST(:partitions ...))`, a generic plan parsed the 256-element
+    # text again for every row, and guessing the array at 10 partitions it scanned and sorted
+    # every waiting job instead of stopping at the first in due order (21 ms of an idle
+    # claim at 2,700 waiting jobs, against 0.7 ms).
+    held = select(cast(bindparam("partitions", type_=Text), ARRAY(SmallInteger))).scalar_subquery()
+    partition_held = (jobs.c.partition + literal_column("0::smallint")) == func.any(cast(held, ARRAY(SmallInteger)))
     firsts = [
         select(jobs.c.run_at)
         .where(
@@ -294,7 +301,9 @@ def _next_due_at(fenced: bool) -> Any:
             *([partition_held] if fenced else []),
         )
         .order_by(jobs.c.run_at)
-        .limit(1)
+        # A constant: a generic plan cannot see a bind parameter's 1, and expecting a tenth of
+        # the rows it sorted them all rather than stop at the first in ix_jobs_due.
+        .limit(int_constant(1))
         .scalar_subquery()
         for level in range(MIN_PRIORITY, MAX_PRIORITY + 1)
     ]

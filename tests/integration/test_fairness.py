@@ -96,7 +96,7 @@ async def test_a_tenant_short_of_share_keeps_its_highest_priority_jobs(engine: A
     assert sorted(priority_of[job.id] for job in claimed) == [7, 8, 9]
 
 
-async def test_a_scheduler_session_on_generic_plans_claims_the_same_and_plans_the_skipping_claim_afresh(
+async def test_a_scheduler_session_on_generic_plans_claims_the_same_on_its_generic_plans(
     db_url: str, engine: AsyncEngine
 ) -> None:
     from sqlalchemy import text
@@ -119,9 +119,8 @@ async def test_a_scheduler_session_on_generic_plans_claims_the_same_and_plans_th
             assert await conn.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"
             full = ClaimShares(tenant_free={noisy: 0}, tenant_share=10, target_cap=50)
             skipping = await job_claim_batch(conn, TEST_KEY_RING, "r", 10, 30, held, shares=full)
-            # The claim that skips full tenants is planned for its parameters (its generic
-            # plan is the worse one), for this transaction only.
-            assert await conn.scalar(text("SHOW plan_cache_mode")) == "auto"
+            # The claim that skips full tenants runs on the session's generic plan too.
+            assert await conn.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"
         assert [job.id for job in skipping.jobs] == [quiet_job]
         async with scheduler_engine.begin() as conn:
             plain = await job_claim_batch(conn, TEST_KEY_RING, "r", 10, 30, held, shares=ClaimShares(tenant_share=10))
@@ -170,8 +169,7 @@ async def test_the_schedulers_autocommit_claim_commits_its_leases_and_keeps_targ
             assert Counter(job.target_id for job in batch.jobs) == {capped: 5, explicit: 9}
             assert conn.sync_connection is not None
             assert conn.sync_connection.get_execution_options()["isolation_level"] == "AUTOCOMMIT"
-            # A full tenant: the skipping claim plans afresh in a transaction of its own, and
-            # the session stays on generic plans.
+            # A full tenant: the skipping claim, on the session's generic plans.
             full = ClaimShares(tenant_free={tenant: 0}, tenant_share=100, target_cap=5)
             assert (await job_claim_batch(conn, TEST_KEY_RING, "r", 100, 30, held, shares=full)).jobs == []
             assert await conn.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"

@@ -8,8 +8,8 @@
 --   :partition_1 = 1
 --   :coalesce_1 = -1
 --   :greatest_1 = 0
---   :param_11 = 'running'
---   :param_12 = None
+--   :param_1 = 'running'
+--   :param_2 = None
 --   :attempt_1 = 1
 --   :attempt_2 = 0
 --   :make_interval_1 = 0
@@ -18,17 +18,7 @@
 --   :make_interval_4 = 0
 --   :make_interval_5 = 0
 --   :make_interval_6 = 0
---   :param_13 = None
---   :param_1 = 1
---   :param_2 = 1
---   :param_3 = 1
---   :param_4 = 1
---   :param_5 = 1
---   :param_6 = 1
---   :param_7 = 1
---   :param_8 = 1
---   :param_9 = 1
---   :param_10 = 1
+--   :param_3 = None
 
 WITH
   saturated AS
@@ -72,7 +62,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 0
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -98,7 +88,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 1
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -124,7 +114,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 2
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -150,7 +140,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 3
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -176,7 +166,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 4
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -202,7 +192,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 5
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -228,7 +218,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 6
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -254,7 +244,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 7
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -280,7 +270,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 8
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -306,7 +296,7 @@ WITH
                                                     WHERE partition_leases.owner = :owner::VARCHAR
                                                       AND partition_leases.expires_at > now()
                                                       AND partition_leases.epoch = coalesce((
-                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                               (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
      AND jobs.priority = 9
    ORDER BY jobs.run_at
    LIMIT :limit::INTEGER
@@ -454,8 +444,8 @@ WITH
   claimed AS
   (UPDATE jobs
    SET
-     state=:param_11::job_state,
-     run_at=:param_12::TIMESTAMP WITH TIME ZONE,
+     state=:param_1::job_state,
+     run_at=:param_2::TIMESTAMP WITH TIME ZONE,
      attempt=(jobs.attempt + :attempt_1::INTEGER),
      occurrence_claimed_at=
      CASE
@@ -465,7 +455,7 @@ WITH
      lease_owner=:owner::VARCHAR,
      lease_token=gen_random_uuid(),
      lease_expires_at=(now() + make_interval(:make_interval_1::INTEGER, :make_interval_2::INTEGER, :make_interval_3::INTEGER, :make_interval_4::INTEGER, :make_interval_5::INTEGER, :make_interval_6::INTEGER, :lease_s::FLOAT)),
-     held_run_at=:param_13::TIMESTAMP WITH TIME ZONE,
+     held_run_at=:param_3::TIMESTAMP WITH TIME ZONE,
      updated_at=now()
    FROM targets
    WHERE jobs.id = any(CAST(
@@ -576,90 +566,100 @@ FROM
                 AND jobs.priority = 0
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_1::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 1
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_2::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 2
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_3::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 3
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_4::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 4
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_5::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 5
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_6::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 6
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_7::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 7
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_8::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 8
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_9::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 9
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_10::INTEGER)) AS next_due_at) AS probe
+              LIMIT 1)) AS next_due_at) AS probe
 LEFT OUTER JOIN (due
                  LEFT OUTER JOIN claimed ON claimed.id = due.id) ON true
 ORDER BY due.rank;

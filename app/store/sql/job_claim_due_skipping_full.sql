@@ -8,8 +8,8 @@
 --   :greatest_1 = 0
 --   :partition_1 = 1
 --   :coalesce_1 = -1
---   :param_11 = 'running'
---   :param_12 = None
+--   :param_1 = 'running'
+--   :param_2 = None
 --   :attempt_1 = 1
 --   :attempt_2 = 0
 --   :make_interval_1 = 0
@@ -18,17 +18,7 @@
 --   :make_interval_4 = 0
 --   :make_interval_5 = 0
 --   :make_interval_6 = 0
---   :param_13 = None
---   :param_1 = 1
---   :param_2 = 1
---   :param_3 = 1
---   :param_4 = 1
---   :param_5 = 1
---   :param_6 = 1
---   :param_7 = 1
---   :param_8 = 1
---   :param_9 = 1
---   :param_10 = 1
+--   :param_3 = None
 
 WITH
   tenant_page AS
@@ -151,7 +141,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 0
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -186,7 +176,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 1
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -221,7 +211,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 2
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -256,7 +246,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 3
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -291,7 +281,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 4
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -326,7 +316,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 5
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -361,7 +351,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 6
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -396,7 +386,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 7
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -431,7 +421,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 8
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -466,7 +456,7 @@ WITH
                                                                       WHERE partition_leases.owner = :owner::VARCHAR
                                                                         AND partition_leases.expires_at > now()
                                                                         AND partition_leases.epoch = coalesce((
-                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_1))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
+                                                                                                                 (SELECT CAST(:epoch_by_partition::VARCHAR AS BIGINT[]) AS anon_2))[(partition_leases.partition + :partition_1::SMALLINT)], :coalesce_1::INTEGER)) AS SMALLINT[]))
                        AND jobs.tenant_id = tenant_page.id
                        AND jobs.priority = 9
                        AND jobs.target_id != ALL (:full_targets::UUID[])
@@ -485,8 +475,8 @@ WITH
   claimed AS
   (UPDATE jobs
    SET
-     state=:param_11::job_state,
-     run_at=:param_12::TIMESTAMP WITH TIME ZONE,
+     state=:param_1::job_state,
+     run_at=:param_2::TIMESTAMP WITH TIME ZONE,
      attempt=(jobs.attempt + :attempt_1::INTEGER),
      occurrence_claimed_at=
      CASE
@@ -496,7 +486,7 @@ WITH
      lease_owner=:owner::VARCHAR,
      lease_token=gen_random_uuid(),
      lease_expires_at=(now() + make_interval(:make_interval_1::INTEGER, :make_interval_2::INTEGER, :make_interval_3::INTEGER, :make_interval_4::INTEGER, :make_interval_5::INTEGER, :make_interval_6::INTEGER, :lease_s::FLOAT)),
-     held_run_at=:param_13::TIMESTAMP WITH TIME ZONE,
+     held_run_at=:param_3::TIMESTAMP WITH TIME ZONE,
      updated_at=now()
    FROM targets
    WHERE jobs.id = any(CAST(
@@ -607,90 +597,100 @@ FROM
                 AND jobs.priority = 0
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_1::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 1
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_2::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 2
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_3::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 3
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_4::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 4
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_5::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 5
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_6::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 6
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_7::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 7
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_8::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 8
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_9::INTEGER),
+              LIMIT 1),
              (SELECT jobs.run_at
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 9
                 AND jobs.run_at > now()
                 AND jobs.run_at < 'infinity'::timestamptz
-                AND jobs.partition = any(CAST(:partitions::VARCHAR AS SMALLINT[]))
+                AND jobs.partition + 0::smallint = any(CAST(
+                                                              (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
               ORDER BY jobs.run_at
-              LIMIT :param_10::INTEGER)) AS next_due_at) AS probe
+              LIMIT 1)) AS next_due_at) AS probe
 LEFT OUTER JOIN (due
                  LEFT OUTER JOIN claimed ON claimed.id = due.id) ON true
 ORDER BY due.rank;
