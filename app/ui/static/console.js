@@ -87,6 +87,22 @@ function ask(question) {
   });
 }
 async function act(fn) { try { showError(null); await fn(); } catch (err) { showError(err); } }
+// An edit form: filled from the object's values; what a PATCH sends is only what changed (a
+// field left empty, or in a hidden label, is not sent). JSON fields are parsed, naming the field.
+function fillForm(form, names, values) {
+  for (const name of names) form.elements[name].value = values[name] === null || values[name] === undefined ? "" : values[name];
+}
+function changedFields(form, names, values, jsonFields) {
+  const body = {};
+  for (const name of names) {
+    const input = form.elements[name];
+    if (input.closest("label").hidden || input.value === "" || input.value === String(values[name] ?? "")) continue;
+    if (jsonFields.includes(name)) {
+      try { body[name] = JSON.parse(input.value); } catch (err) { throw new Error(`${name}: not JSON (${err.message})`); }
+    } else body[name] = input.type === "number" ? Number(input.value) : input.value;
+  }
+  return body;
+}
 
 // Target names, one request per page load: names before UUIDs.
 let targetCache = null;
@@ -406,19 +422,12 @@ function openEdit(job) {
   const form = $("#job-edit");
   for (const label of $$("[data-for]", form)) label.hidden = label.dataset.for === "cron" ? !job.cron : !job.every_s;
   const values = { ...job, payload: JSON.stringify(job.payload, null, 2) };
-  for (const name of EDITABLE) form.elements[name].value = values[name] === null || values[name] === undefined ? "" : values[name];
+  fillForm(form, EDITABLE, values);
   form.hidden = false;
   form.onsubmit = (e) => {
     e.preventDefault();
     act(async () => {
-      const body = {};
-      for (const name of EDITABLE) {
-        const input = form.elements[name];
-        if (input.closest("label").hidden || input.value === "" || input.value === String(values[name] ?? "")) continue;
-        if (name === "payload") {
-          try { body.payload = JSON.parse(input.value); } catch (err) { throw new Error(`payload: not JSON (${err.message})`); }
-        } else body[name] = input.type === "number" ? Number(input.value) : input.value;
-      }
+      const body = changedFields(form, EDITABLE, values, ["payload"]);
       if (!Object.keys(body).length) { notice("nothing changed"); return; }
       await api(`/v1/jobs/${job.id}`, { method: "PATCH", body: JSON.stringify(body) });
       form.hidden = true; notice(`saved: ${Object.keys(body).join(", ")}`); await jobPage();
@@ -577,20 +586,13 @@ function openTargetEdit(t) {
   const form = $("#target-edit"); $("#target-rotate").hidden = true;
   $("#target-edit-name").textContent = t.name;
   const values = { ...t, headers: "" };
-  for (const name of TARGET_FIELDS) form.elements[name].value = values[name] === null || values[name] === undefined ? "" : values[name];
+  fillForm(form, TARGET_FIELDS, values);
   form.hidden = false; form.scrollIntoView();
   $("#target-edit-cancel").onclick = () => { form.hidden = true; };
   form.onsubmit = (e) => {
     e.preventDefault();
     act(async () => {
-      const body = {};
-      for (const name of TARGET_FIELDS) {
-        const input = form.elements[name];
-        if (input.value === "" || input.value === String(values[name] ?? "")) continue;
-        if (name === "headers") {
-          try { body.headers = JSON.parse(input.value); } catch (err) { throw new Error(`headers: not JSON (${err.message})`); }
-        } else body[name] = input.type === "number" ? Number(input.value) : input.value;
-      }
+      const body = changedFields(form, TARGET_FIELDS, values, ["headers"]);
       if (!Object.keys(body).length) { notice("nothing changed"); return; }
       await api(`/v1/targets/${t.id}`, { method: "PATCH", body: JSON.stringify(body) });
       form.hidden = true; notice(`saved ${t.name}: ${Object.keys(body).join(", ")}`); await targetsPage();
