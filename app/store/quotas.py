@@ -76,7 +76,7 @@ async def tenant_count_active_jobs(conn: AsyncConnection, tenant_id: uuid.UUID) 
 
 async def tenant_count_active_jobs_exactly(conn: AsyncConnection, tenant_id: uuid.UUID) -> int:
     """Unfinished jobs counted (partial index ix_jobs_tenant_active): what the counter must
-    equal; for tests and the reconciling check, never a request's path."""
+    equal; for tests and bench/quota_scale.py, never a request's path."""
     stmt = select(func.count()).where(jobs.c.tenant_id == tenant_id, jobs.c.state.not_in(FINISHED_STATES))
     return int(await conn.scalar(stmt) or 0)
 

@@ -103,6 +103,18 @@ function changedFields(form, names, values, jsonFields) {
   }
   return body;
 }
+// Submitting an edit form PATCHes `path` with what changed, closes the form and says so.
+function patchOnSubmit(form, names, values, jsonFields, path, saved, reload) {
+  form.onsubmit = (e) => {
+    e.preventDefault();
+    act(async () => {
+      const body = changedFields(form, names, values, jsonFields);
+      if (!Object.keys(body).length) { notice("nothing changed"); return; }
+      await api(path, { method: "PATCH", body: JSON.stringify(body) });
+      form.hidden = true; notice(`${saved}: ${Object.keys(body).join(", ")}`); await reload();
+    });
+  };
+}
 
 // Target names, one request per page load: names before UUIDs.
 let targetCache = null;
@@ -283,12 +295,13 @@ async function jobsPage() {
     const [field, dir] = sortBy;
     rows.sort((a, b) => { const x = sortValue[field](a); const y = sortValue[field](b); return (x < y ? -1 : x > y ? 1 : 0) * dir; });
   }
+  // One page per state, asked at once rather than one after another.
   async function counts() {
-    for (const td of $$("[data-count]")) {
+    await Promise.all($$("[data-count]").map(async (td) => {
       const q = td.dataset.count ? `state=${td.dataset.count}&` : "";
       const pageOf = await api(`/v1/jobs?${q}limit=200`);
       td.textContent = pageOf.items.length + (pageOf.next_cursor ? "+" : "");
-    }
+    }));
   }
   async function load(more) {
     const current = new URLSearchParams(location.search);
@@ -424,15 +437,7 @@ function openEdit(job) {
   const values = { ...job, payload: JSON.stringify(job.payload, null, 2) };
   fillForm(form, EDITABLE, values);
   form.hidden = false;
-  form.onsubmit = (e) => {
-    e.preventDefault();
-    act(async () => {
-      const body = changedFields(form, EDITABLE, values, ["payload"]);
-      if (!Object.keys(body).length) { notice("nothing changed"); return; }
-      await api(`/v1/jobs/${job.id}`, { method: "PATCH", body: JSON.stringify(body) });
-      form.hidden = true; notice(`saved: ${Object.keys(body).join(", ")}`); await jobPage();
-    });
-  };
+  patchOnSubmit(form, EDITABLE, values, ["payload"], `/v1/jobs/${job.id}`, "saved", jobPage);
 }
 
 async function jobPage() {
@@ -589,15 +594,7 @@ function openTargetEdit(t) {
   fillForm(form, TARGET_FIELDS, values);
   form.hidden = false; form.scrollIntoView();
   $("#target-edit-cancel").onclick = () => { form.hidden = true; };
-  form.onsubmit = (e) => {
-    e.preventDefault();
-    act(async () => {
-      const body = changedFields(form, TARGET_FIELDS, values, ["headers"]);
-      if (!Object.keys(body).length) { notice("nothing changed"); return; }
-      await api(`/v1/targets/${t.id}`, { method: "PATCH", body: JSON.stringify(body) });
-      form.hidden = true; notice(`saved ${t.name}: ${Object.keys(body).join(", ")}`); await targetsPage();
-    });
-  };
+  patchOnSubmit(form, TARGET_FIELDS, values, ["headers"], `/v1/targets/${t.id}`, `saved ${t.name}`, targetsPage);
 }
 function openRotate(t) {
   const form = $("#target-rotate"); $("#target-edit").hidden = true;
