@@ -20,13 +20,23 @@ their lateness: how long after the launch /readyz said ready.
 
     .venv/bin/python bench/lateness.py
     .venv/bin/python bench/lateness.py --rates 1000 --env CRONHOOK_POLL_INTERVAL_S=0.02
+With --membership, it measures a hand-over: under the last of --rates (1,000/s) for --seconds,
+a `cronhook scheduler` replica joins the cluster --join-at-s (10) seconds after the first due
+time and leaves (SIGTERM, a clean stop) --leave-at-s (20) seconds after it. Reported besides the
+whole run's lateness: the lateness of the jobs due in the --window-s (5) seconds after the
+join and after the leave, when partitions change hands, and the joiner's share of deliveries.
+
+    .venv/bin/python bench/lateness.py
+    .venv/bin/python bench/lateness.py --rates 1000 --env CRONHOOK_POLL_INTERVAL_S=0.02
     .venv/bin/python bench/lateness.py --from-start
+    .venv/bin/python bench/lateness.py --membership
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import sys
 import time
 import urllib.request
@@ -40,6 +50,7 @@ from harness import (
     add_database_url_arg,
     add_service_args,
     add_yardstick_args,
+    counts_by,
     jobs_insert_series,
     load_peer,
     migrated_engine,
@@ -159,9 +170,72 @@ async def from_start(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return {"bench": "lateness", "mode": "from_start", "cmd": args.cronhook_cmd, "env": args.env, "phases": [fig]}
 
 
+def _scheduled_s(record: dict[str, Any]) -> float:
+    """A delivery's due time (its `cronhook-scheduled-for` header, ISO 8601) in epoch seconds."""
+    return dt.datetime.fromisoformat(record["cronhook-scheduled-for"].replace("Z", "+00:00")).timestamp()
+
+
+async def membership(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """A replica joins and leaves under a steady load (module docstring)."""
+    rate = args.rates[-1]
+    n = rate * args.seconds
+    side_by_side = load_peer("side_by_side", args.peers_dir)
+    async with BenchDatabase(args.database_url) as url:
+        engine = create_engine(url, pool_size=2)
+        env = parse_env(args.env)
+        service = Service(args.cronhook_cmd, url, workdir / "cronhook.log", env)
+        joiner = Service(args.joiner_cmd, url, workdir / "joiner.log", env, "joiner", service.api_key)
+        rx = side_by_side.Receiver(load_peer("env").ensure_peers_venv(), workdir, "membership")
+        try:
+            await asyncio.to_thread(service.start)
+            await wait_partitions_owned(engine, service.check_alive, args.settle_s)
+            target_id = await target_for(engine, service, rx.url + "/hook")
+            first_due = time.time() + args.lead_s + n / 50_000
+            async with engine.begin() as conn:
+                await jobs_insert_series(conn, target_id, n, first_due, 1.0 / rate)
+                await conn.execute(text("ANALYZE jobs"))
+            await asyncio.sleep(max(0.0, first_due + args.join_at_s - time.time()))
+            joined = time.time()
+            await asyncio.to_thread(joiner.start)
+            await asyncio.sleep(max(0.0, first_due + args.leave_at_s - time.time()))
+            left = time.time()
+            left_took_s = await asyncio.to_thread(joiner.stop)
+            deadline = first_due + args.seconds + args.grace
+            while time.time() < deadline and (rx.count() or 0) < n:
+                service.check_alive()
+                await asyncio.sleep(0.25)
+            rx.settle(n, quiet_s=args.quiet_s, timeout=5.0)
+            by_replica = await counts_by(engine, "runs", "replica_id")
+        finally:
+            rx.stop()
+            await asyncio.to_thread(joiner.stop)
+            await asyncio.to_thread(service.stop)
+            await engine.dispose()
+    records = rx.records()
+    out: dict[str, Any] = {"rate_per_s": rate, **_late_figures(side_by_side.figures(records, first_due, n), n)}
+    for name, at in (("join", joined), ("leave", left)):
+        window = [r for r in records if at <= _scheduled_s(r) < at + args.window_s]
+        expected = sum(1 for i in range(n) if at <= first_due + i / rate < at + args.window_s)
+        fig = _late_figures(side_by_side.figures(window, at, expected), expected)
+        out[name] = {k: fig[k] for k in ("jobs", "delivered", "lost", "late_ms_p50", "late_ms_p99", "late_ms_max")}
+    # `cronhook scheduler` runs one replica per CPU: joiner-1, joiner-2...
+    by_joiner = sum(count for replica, count in by_replica.items() if replica.startswith("joiner"))
+    out |= {"deliveries_by_replica": by_replica, "joiner_stop_s": round(left_took_s, 3)}
+    print(
+        f"{rate}/s with a replica joining at +{args.join_at_s:g} s and leaving at +{args.leave_at_s:g} s: "
+        f"lateness p99 {out['late_ms_p99']} ms (max {out['late_ms_max']}); {args.window_s:g} s after the join "
+        f"p99 {out['join']['late_ms_p99']} ms (max {out['join']['late_ms_max']}), after the leave p99 "
+        f"{out['leave']['late_ms_p99']} ms (max {out['leave']['late_ms_max']}); joiner delivered {by_joiner}; "
+        f"lost {out['lost']}, duplicates {out['duplicates']}"
+    )
+    return {"bench": "lateness", "mode": "membership", "cmd": args.cronhook_cmd, "env": args.env, "phases": [out]}
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if args.from_start:
         return await from_start(args, workdir)
+    if args.membership:
+        return await membership(args, workdir)
     result: dict[str, Any] = {"bench": "lateness", "cmd": args.cronhook_cmd, "env": args.env, "phases": []}
     async with BenchDatabase(args.database_url) as url:
         engine = create_engine(url, pool_size=2)
@@ -193,6 +267,13 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--from-start", action="store_true", help="jobs due in the first seconds after launch")
     parser.add_argument("--start-jobs", type=positive_int, default=200, help="with --from-start: how many (200)")
     parser.add_argument("--start-window-s", type=float, default=10.0, help="with --from-start: due over (10 s)")
+    parser.add_argument("--membership", action="store_true", help="a replica joins and leaves under load")
+    parser.add_argument("--join-at-s", type=float, default=10.0, help="with --membership: join after (10 s)")
+    parser.add_argument("--leave-at-s", type=float, default=20.0, help="with --membership: leave after (20 s)")
+    parser.add_argument(
+        "--joiner-cmd", default="cronhook scheduler --processes 1", help="with --membership: the replica that joins"
+    )
+    parser.add_argument("--window-s", type=float, default=5.0, help="with --membership: figures for (5 s)")
     add_database_url_arg(parser)
     add_service_args(parser, "cronhook up")
     add_yardstick_args(parser)

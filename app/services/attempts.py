@@ -158,7 +158,9 @@ class AttemptRunner:
         # No POST was made: hand the job back without counting the attempt.
         async with self._engine.begin() as conn:
             released = await job_release_claim(conn, job)
-        log_event(logger, "lease_untrusted_released", logging.WARNING, job_id=str(job.id), released=released)
+        # Expected on a clean shutdown (the partitions were handed back first); a warning otherwise.
+        level = logging.INFO if self._ownership.leaving else logging.WARNING
+        log_event(logger, "lease_untrusted_released", level, job_id=str(job.id), released=released)
 
     async def _hand_off(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
         """overlap_policy allow: the occurrence goes to a child job and the parent moves on to

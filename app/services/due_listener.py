@@ -1,5 +1,6 @@
 """LISTEN for jobs that became due soon (migration 0007's trigger on jobs) and hand each
-notice's due time to a callback: the scheduler's early wake-up.
+notice's due time to a callback: the scheduler's early wake-up. On the same connection, the
+replicas' partition notices (app/store/partitions.py) for the ownership rounds' early wake-up.
 
 One dedicated connection per scheduler process, outside the pool (a LISTEN holds its
 session). When it drops (database restart, network), the listener reconnects with backoff
@@ -18,6 +19,7 @@ import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.logs import log_event
+from app.store.partitions import PARTITIONS_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +35,21 @@ _DIALECT_ONLY = ("prepared_statement_cache_size", "prepared_statement_name_func"
 
 class DueListener:
     def __init__(
-        self, engine: AsyncEngine, on_due: Callable[[float | None], None], session_name: str | None = None
+        self,
+        engine: AsyncEngine,
+        on_due: Callable[[float | None], None],
+        session_name: str | None = None,
+        on_partitions: Callable[[str | None], None] | None = None,
     ) -> None:
         """`on_due(epoch_s)`: a job is due at that time (the database's clock); None: notices
         may have been missed (the connection was lost), look now. `session_name`: the
-        connection's application_name (the replica's, app/store/rescues.py)."""
+        connection's application_name (the replica's, app/store/rescues.py). `on_partitions`:
+        a partition notice's payload; None each time the listener (re)connects, since notices
+        sent before that were not heard."""
         self._engine = engine
         self._on_due = on_due
         self._session_name = session_name
+        self._on_partitions = on_partitions
 
     async def _connect(self) -> Any:
         args, params = self._engine.dialect.create_connect_args(self._engine.url)
@@ -57,6 +66,10 @@ class DueListener:
             due = None
         self._on_due(due)
 
+    def _partition_notice(self, connection: Any, pid: int, channel: str, payload: str) -> None:
+        assert self._on_partitions is not None
+        self._on_partitions(payload)
+
     async def run(self, stop: asyncio.Event) -> None:
         backoff = 0.25
         lost = False
@@ -67,6 +80,9 @@ class DueListener:
                 closed = asyncio.Event()
                 connection.add_termination_listener(lambda _c, done=closed: done.set())
                 await connection.add_listener(DUE_CHANNEL, self._notice)
+                if self._on_partitions is not None:
+                    await connection.add_listener(PARTITIONS_CHANNEL, self._partition_notice)
+                    self._on_partitions(None)
                 if lost:
                     log_event(logger, "due_listener_reconnected")
                     self._on_due(None)

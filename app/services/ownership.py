@@ -3,9 +3,15 @@
 Each round (every `renew_s`) runs one transaction: heartbeat in `replicas`, compute this
 replica's fair share of the live replicas, renew what it holds, release any surplus (a
 replica joined) or acquire free and expired partitions (a replica left or died). Shares
-differ by at most one once membership is stable; a join or a crash is rebalanced within
-two partition-lease periods (the dead replica's leases expire, then the next rounds
-redistribute them).
+differ by at most one once membership is stable.
+
+Hand-over: a replica that joins short of its share, releases surplus, or leaves (clean
+shutdown) says so on a NOTIFY channel (app/store/partitions.py) in the same transaction; the
+others LISTEN (app/services/due_listener.py) and run a round at once, so partitions change
+hands within milliseconds: a joiner's first round announces it, the holders release their
+surplus and announce that, the joiner takes it; a leaver's partitions are taken as soon as it
+has handed them back. The rounds every `renew_s` stay the safety net for lost notices; a crashed
+replica's partitions are taken when its leases expire.
 
 Trust: a round that succeeded at local monotonic time t proves the leases valid until at
 least t + lease_s on the database's clock (its `now()` is later than t). The replica trusts
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -37,9 +44,12 @@ from app.logs import log_event
 from app.settings import MIN_RENEWALS_PER_PARTITION_LEASE, partition_lease_survives_renewals
 from app.store.partitions import (
     Held,
+    PartitionEvent,
     partition_acquire,
+    partition_notice_sender,
     partition_release,
     partition_renew,
+    partitions_announce,
     replica_heartbeat,
     replica_remove,
 )
@@ -81,7 +91,10 @@ class PartitionOwnership:
         replica_id: str,
         lease_s: float,
         renew_s: float,
+        on_acquired: Callable[[], None] | None = None,
     ) -> None:
+        """`on_acquired`: called after a round that took partitions (the scheduler claims at
+        once: jobs may already be due in them)."""
         if not partition_lease_survives_renewals(lease_s, renew_s):
             raise ValueError(f"partition lease_s must be at least {MIN_RENEWALS_PER_PARTITION_LEASE} x renew_s")
         self._engine = engine
@@ -98,7 +111,13 @@ class PartitionOwnership:
         self._stalled_at = float("-inf")
         self._watching = False  # lag is measured only while watch_loop runs
         self._untrust_logged = False
-        self.wake = asyncio.Event()  # the run_forever loop's protocol; nothing wakes ownership early
+        self._on_acquired = on_acquired
+        # The live replicas of the last round that announced this one short of its share.
+        self._short_among: list[str] | None = None
+        # Set by release_all: the partitions are being handed back on a clean shutdown.
+        self.leaving = False
+        # Cuts the wait for the next round short: another replica's notice (on_notice).
+        self.wake = asyncio.Event()
 
     def trusted(self) -> bool:
         now = time.monotonic()
@@ -141,7 +160,14 @@ class PartitionOwnership:
         return time.monotonic() >= self._last_round + self.renew_s or not self.trusted()
 
     async def tick(self) -> OwnershipRound:
+        self.wake.clear()
         return await self.run_once()
+
+    def on_notice(self, payload: str | None) -> None:
+        """A PARTITIONS_CHANNEL notice (None: some may have been missed): run a round now,
+        unless this replica sent it."""
+        if payload is None or partition_notice_sender(payload) != self.replica_id:
+            self.wake.set()
 
     def idle_wait_s(self, result: OwnershipRound) -> float:
         # Short of a fair share (a replica left, or this one just started): look again soon.
@@ -175,9 +201,17 @@ class PartitionOwnership:
                         released = await partition_release(conn, self.replica_id, surplus)
                         for partition in released:
                             held.pop(partition, None)
+                        if released:
+                            await partitions_announce(conn, self.replica_id, PartitionEvent.RELEASED)
                     elif len(held) < target:
                         acquired = await partition_acquire(conn, self.replica_id, target - len(held), self.lease_s)
                         held.update(acquired)
+                    # Short of its share among replicas it has not told yet (it just started, or
+                    # membership changed): the others hold the rest and release it when told.
+                    short = len(held) < target
+                    if short and self._short_among != live:
+                        await partitions_announce(conn, self.replica_id, PartitionEvent.JOINED)
+            self._short_among = live if short else None
             lost = sorted(set(previous) - set(held) - set(released))
             self._held = held
             # A round that began before a stall proves nothing about the time after it.
@@ -186,6 +220,8 @@ class PartitionOwnership:
             self._last_round = started
         if lost:
             log_event(logger, "partitions_lost", logging.WARNING, partitions=lost)
+        if acquired and self._on_acquired is not None:
+            self._on_acquired()
         if acquired or released:
             log_event(
                 logger,
@@ -199,10 +235,14 @@ class PartitionOwnership:
         return OwnershipRound(held=len(held), target=target, acquired=len(acquired), released=len(released))
 
     async def release_all(self) -> None:
-        """On clean shutdown: hand every partition back at once instead of letting leases expire."""
+        """On clean shutdown: hand every partition back at once instead of letting leases expire,
+        and tell the other replicas to take them now. Deliveries in flight go on under their job
+        leases; those that have not started their POST hand their jobs back (attempts.py)."""
         async with self._lock:
+            self.leaving = True
             held, self._held, self._trusted_until = self._held, {}, 0.0
             async with self._engine.begin() as conn:
                 released = await partition_release(conn, self.replica_id, held)
                 await replica_remove(conn, self.replica_id)
+                await partitions_announce(conn, self.replica_id, PartitionEvent.LEFT)
         log_event(logger, "partitions_released", count=len(released))

@@ -44,8 +44,8 @@ class Services:
         self._watchers = watchers or []
 
     async def stopped(self) -> None:
-        """Waits until every service has stopped (once `stop` is set); then the scheduler lets
-        deliveries in flight finish (up to the HTTP deadline) and hands its partitions back."""
+        """Waits until every service has stopped (once `stop` is set); then the scheduler hands
+        its partitions back and lets deliveries in flight finish (up to the HTTP deadline)."""
         await self._stop.wait()
         for watcher in self._watchers:
             watcher.cancel()

@@ -9,6 +9,7 @@ renew nor release what is no longer its own. All times come from the database's 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select, tuple_, update
@@ -21,6 +22,18 @@ from app.store.tables import jobs, partition_leases, replicas
 
 # partition -> epoch under which this replica holds it.
 Held = dict[int, int]
+
+# The scheduler replicas LISTEN here (app/services/due_listener.py) for `<event> <replica id>`:
+# a replica joined short of its share, released surplus, or left. Each tells the others to run
+# an ownership round now instead of at their next renewal, so partitions change hands in
+# milliseconds rather than a round or two later.
+PARTITIONS_CHANNEL = "cronhook_partitions"
+
+
+class PartitionEvent(enum.StrEnum):
+    JOINED = "joined"  # short of its fair share: holders of surplus, release it
+    RELEASED = "released"  # surplus given up: whoever is short, take it
+    LEFT = "left"  # gone (clean shutdown), its partitions free: take your new share
 
 
 def _ttl(seconds: float) -> object:
@@ -46,6 +59,17 @@ async def replica_remove(conn: AsyncConnection, replica_id: str) -> None:
     """Marks a replica gone (clean shutdown): expired now, so the reaper rescues any delivery
     it cancelled at once; the row itself goes with the next heartbeat's clean-up."""
     await conn.execute(update(replicas).where(replicas.c.id == replica_id).values(expires_at=func.now()))
+
+
+async def partitions_announce(conn: AsyncConnection, replica_id: str, event: str) -> None:
+    """Tells the other replicas that partitions changed hands or should (PARTITIONS_CHANNEL);
+    sent when the transaction commits, so a listener sees what it announces."""
+    await conn.execute(select(func.pg_notify(PARTITIONS_CHANNEL, f"{event} {replica_id}")))
+
+
+def partition_notice_sender(payload: str) -> str:
+    """The replica that sent a PARTITIONS_CHANNEL notice."""
+    return payload.partition(" ")[2]
 
 
 def _held_by(owner: str, held: Held) -> list[ColumnElement[bool]]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import logging
 import time
 from collections import Counter
 
@@ -13,15 +15,18 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.partition import PARTITION_COUNT, fair_share
+from app.services.due_listener import DueListener
+from app.services.loop import run_forever
 from app.services.ownership import PartitionOwnership
 from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
 from app.store.claims import job_claim_due
+from app.store.partitions import PartitionEvent
 from app.store.tables import jobs, partition_leases, replicas
 from tests.conftest import TEST_KEY_RING
 from tests.factories import make_jobs, make_tenant_and_target
-from tests.receiver import Receiver
+from tests.receiver import Receiver, wait_for
 
 
 def ownership(engine: AsyncEngine, replica_id: str) -> PartitionOwnership:
@@ -161,3 +166,50 @@ async def test_cluster_view_needs_the_admin_key_and_shows_replicas_partitions_an
     # The three jobs have waited about 30 s: whoever owns them reports that lag.
     assert max(r["lag_s"] for r in by_id.values()) >= 29
     assert "adm_test_key" not in str(body)
+
+
+def test_a_replica_acts_on_the_others_partition_notices_not_on_its_own() -> None:
+    a = PartitionOwnership(None, "a", lease_s=30, renew_s=1)  # type: ignore[arg-type]
+    a.on_notice(f"{PartitionEvent.RELEASED} a")
+    assert not a.wake.is_set()
+    a.on_notice(f"{PartitionEvent.JOINED} b")
+    assert a.wake.is_set()
+    a.wake.clear()
+    # The listener (re)connected: notices may have been missed.
+    a.on_notice(None)
+    assert a.wake.is_set()
+
+
+async def test_partitions_change_hands_on_notices_without_waiting_for_a_round(engine: AsyncEngine) -> None:
+    """Rounds every 60 s (leases of 180 s): only the notices can move partitions within the
+    test's deadline, when a replica joins and when it leaves."""
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    a = PartitionOwnership(engine, "a", lease_s=180, renew_s=60)
+    b = PartitionOwnership(engine, "b", lease_s=180, renew_s=60)
+
+    def run(owner: PartitionOwnership, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+        listener = DueListener(engine, lambda _due: None, on_partitions=owner.on_notice)
+        return [
+            asyncio.create_task(run_forever(owner, stop, logging.getLogger("test"))),
+            asyncio.create_task(listener.run(stop)),
+        ]
+
+    async def counts() -> Counter[str | None]:
+        return Counter(owner for owner, _ in (await owners(engine)).values())
+
+    tasks_a, tasks_b = run(a, stop_a), []
+    try:
+        await wait_for(lambda: len(a.held()) == PARTITION_COUNT, 20, message="a takes every partition")
+        tasks_b = run(b, stop_b)
+        await wait_for(lambda: len(b.held()) == PARTITION_COUNT // 2, 20, message="b takes its share at once")
+        assert await counts() == {"a": PARTITION_COUNT // 2, "b": PARTITION_COUNT // 2}
+        # A clean stop, as the scheduler's: its loops end, then it hands its partitions back.
+        stop_b.set()
+        await asyncio.gather(*tasks_b)
+        await b.release_all()
+        await wait_for(lambda: len(a.held()) == PARTITION_COUNT, 20, message="a takes b's share back at once")
+        assert await counts() == {"a": PARTITION_COUNT}
+    finally:
+        stop_a.set()
+        stop_b.set()
+        await asyncio.gather(*tasks_a, *tasks_b)
