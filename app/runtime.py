@@ -6,6 +6,7 @@ around a role's body, stopped cleanly on SIGINT/SIGTERM) and by the API's lifesp
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -213,6 +214,10 @@ def run_role(
         runtime = Runtime(settings, generic_plans=generic_plans, opens_secrets=opens_secrets)
         try:
             await runtime.start(migrate=migrate)
+            # What start-up made (modules, tables, compiled statements) lives as long as the
+            # process: out of the collector's way. A full collection over it took ~50 ms, a
+            # pause every scheduler delivery due meanwhile waited for.
+            gc.freeze()
             await body(runtime, stop)
         finally:
             await runtime.stop()

@@ -525,3 +525,25 @@ async def test_two_reapers_over_500_expired_leases_handle_each_exactly_once(
     # Between them the reapers logged each rescue once.
     shares = [len(log_events(procs.log_dir / f"reaper-{i}.log", "lease_reaped")) for i in (1, 2)]
     assert sum(shares) == 500, shares
+
+
+async def test_partitions_change_hands_at_once_when_a_replica_joins_and_when_it_stops(
+    engine: AsyncEngine, db_url: str, receiver: Receiver, procs: Processes
+) -> None:
+    """Ownership rounds a minute apart, partition leases of three: only the replicas' notices
+    can move partitions within the waits here, when one joins and when it stops cleanly."""
+    tenant, target = await make_tenant_and_target(engine, receiver.url(), timeout_s=MAX_TARGET_TIMEOUT_S)
+    env = cluster_env(db_url, CRONHOOK_PARTITION_RENEW_S="60", CRONHOOK_PARTITION_LEASE_S="180")
+    start_replicas(procs, env, "b1")
+    await wait_for_fair_shares(engine, ["b1"], timeout=30)
+    (joiner,) = start_replicas(procs, env, "b2").values()
+    await wait_for_fair_shares(engine, ["b1", "b2"], timeout=30)
+
+    joiner.send_signal(signal.SIGTERM)
+    await wait_for(lambda: joiner.poll() is not None, timeout=30, message="clean stop")
+    assert joiner.returncode == 0
+    await wait_for_fair_shares(engine, ["b1"], timeout=30)
+    # Jobs in every partition, due now: the one replica left delivers them all.
+    await make_jobs_bulk(engine, tenant, target, 300)
+    await deliveries_settled(engine, receiver, 300, "every job delivered by the replica left")
+    assert {replica for _, replica in await run_counts(engine)} == {"b1"}
