@@ -13,7 +13,7 @@ The database is fresh (embedded in a temporary folder, or a scratch database on
 before the first job is due.
 
 With --from-start, it measures the first seconds instead: `--cronhook-cmd` is launched on a
-fresh database and, as soon as /readyz says ready, --start-jobs (200) jobs are written, due
+fresh database and, as soon as /readyz says ready, --start-jobs (10,000: 1,000/s) jobs are written, due
 evenly over the --start-window-s (10) seconds that begin --lead-s (2) later: while the
 scheduler processes that started a moment apart settle their partitions. Reported besides
 their lateness: how long after the launch /readyz said ready.
@@ -265,7 +265,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lead-s", type=float, default=2.0, help="seconds from the insert to the first due time")
     parser.add_argument("--quiet-s", type=float, default=1.0, help="receiver quiet this long before its log is read")
     parser.add_argument("--from-start", action="store_true", help="jobs due in the first seconds after launch")
-    parser.add_argument("--start-jobs", type=positive_int, default=200, help="with --from-start: how many (200)")
+    parser.add_argument("--start-jobs", type=positive_int, default=10_000, help="with --from-start: how many (10,000)")
     parser.add_argument("--start-window-s", type=float, default=10.0, help="with --from-start: due over (10 s)")
     parser.add_argument("--membership", action="store_true", help="a replica joins and leaves under load")
     parser.add_argument("--join-at-s", type=float, default=10.0, help="with --membership: join after (10 s)")
