@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 # The longest the warm-up before the first ownership round may take (warm_up()).
 WARM_UP_MAX_S = 5.0
+# The sessions warm_up() opens: what a scheduler keeping up uses at once (a claim, the outcomes'
+# group commit, an ownership round, a claim handed back). The pool hands out the sessions it
+# has in turn and opens more only under more load.
+WARM_SESSIONS = 4
 # The least time between two claims that each drained everything due (see tick()).
 MIN_CLAIM_GAP_S = 0.005
 # The least time between two claims that came back short while some tenant or target was
@@ -219,15 +223,15 @@ class Scheduler:
         return result
 
     async def warm_up(self) -> None:
-        """Before this replica takes any partition: open its HTTP session and its usual share of
-        database sessions (`db_pool_size`), each with the claim prepared, so that its first
-        claims after joining do not each wait for a new session and the claim's first plan on
-        it (measured: 20-120 ms apiece, which made the jobs it took over ~250 ms late)."""
+        """Before this replica takes any partition: open its HTTP session and WARM_SESSIONS
+        database sessions, each with the claim prepared, so that its first claims after joining
+        do not each wait for a new session and the claim's first plan on it (measured: 20-120
+        ms apiece, which made the jobs it took over ~250 ms late)."""
         await self.start()
         config = self.config
-        # Half of what the pool may hold at most: the process's other services use it too.
+        # At most half of what the pool may hold: the process's other services use it too.
         pool = self._engine.pool
-        count = min(config.db_pool_size, pool.size() // 2) if isinstance(pool, QueuePool) else config.db_pool_size
+        count = min(WARM_SESSIONS, pool.size() // 2) if isinstance(pool, QueuePool) else WARM_SESSIONS
         try:
             # One session at a time, each kept open until all are (so each is a new one): the
             # plans cost the database CPU the replicas already running need for their claims.

@@ -25,8 +25,6 @@ class SchedulerConfig:
     priority_aging_s: float = default_of("priority_aging_s")
     tenant_max_share: float = default_of("tenant_max_share")
     target_default_max_in_flight: int = default_of("target_default_max_in_flight")
-    # How many database sessions the scheduler opens before it takes partitions (warm_up()).
-    db_pool_size: int = default_of("db_pool_size")
     # Default: deliver to globally routable addresses only.
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     # Async deliveries' completion URLs start with this (CRONHOOK_PUBLIC_URL).
