@@ -191,10 +191,16 @@ async def test_the_reaper_resumes_a_pause_whose_until_passed(api: httpx.AsyncCli
     auth = await new_tenant(engine)
     target = await make_target(api, auth, URL)
     await make_job(api, auth, target["id"])
-    now = dt.datetime.now(dt.UTC)
-    body = {"reason": "window", "until": (now + dt.timedelta(seconds=1.5)).isoformat()}
+    # An hour ahead, then moved into the past as the clock would: a `until` a second or two
+    # ahead could pass before a busy machine's request checks it (422: not in the future).
+    until = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    body = {"reason": "window", "until": until.isoformat()}
     assert (await api.post(f"/v1/targets/{target['id']}/pause", headers=auth, json=body)).json()["held"] == 1
     assert await hold_watch_once(engine, 100) == 0  # not yet
+    assert (await api.get(f"/v1/targets/{target['id']}", headers=auth)).json()["paused"] is True
+    async with engine.begin() as conn:
+        passed = func.now() - dt.timedelta(seconds=1)
+        await conn.execute(update(targets).where(targets.c.id == target["id"]).values(paused_until=passed))
 
     async def resumed() -> bool:
         await hold_watch_once(engine, 100)
