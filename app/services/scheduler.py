@@ -248,9 +248,10 @@ class Scheduler:
                         config.priority_aging_s,
                     )
         except Exception as exc:
+            # Only time is lost: the sessions open as the claims need them, and the loops below
+            # report an outage (and raise anything else) on their first pass.
             if not is_transient_db_error(exc):
-                raise
-            # The loops below report the outage and retry; the sessions open as they need them.
+                log_event(logger, "scheduler_warm_up_failed", logging.WARNING, error=type(exc).__name__)
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         # The warm-up only saves time: a database too slow to finish it soon, or a stop, ends it.
