@@ -38,7 +38,7 @@ from app.domain.job import ClaimedJob, OpenedAttempt, RunOutcome
 from app.domain.states import PAUSABLE_STATES, TERMINAL_STATES, JobState
 from app.keyring import KeyRing
 from app.store.job_rows import CLAIMED_JOB_COLUMNS, claimed_from_row
-from app.store.tables import jobs, runs, state_in, targets
+from app.store.tables import jobs, runs, state_in, state_in_rows_by_id, targets
 
 _UUIDS = ARRAY(UUID(as_uuid=True))
 
@@ -70,7 +70,7 @@ def _open_statement() -> Any:
         update(jobs)
         .where(
             jobs.c.id == opened.c.id,
-            state_in([JobState.RUNNING]),
+            state_in_rows_by_id([JobState.RUNNING]),
             jobs.c.lease_token == opened.c.lease,
         )
         .values(

@@ -27,7 +27,7 @@ from app.store.dead_letters import dead_letter_insert_many
 from app.store.job_rows import NO_LEASE
 from app.store.outcome_events import SETTLED_COLUMNS, emit_occurrence_events, trip_auto_pauses
 from app.store.runs import run_insert_many
-from app.store.tables import job_state, jobs, runs, state_in
+from app.store.tables import job_state, jobs, runs, state_in_rows_by_id
 
 _OUTCOME_COLUMNS: list[tuple[str, Any]] = [
     ("id", UUID(as_uuid=True)),
@@ -118,7 +118,7 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
         .where(
             jobs.c.id == outcome.c.id,
             # A constant, as in the claim: PostgreSQL can keep one generic plan.
-            state_in([JobState.RUNNING]),
+            state_in_rows_by_id([JobState.RUNNING]),
             jobs.c.lease_token == outcome.c.lease_token,
         )
         .values(

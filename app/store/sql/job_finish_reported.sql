@@ -145,7 +145,7 @@ WITH
                  END
    FROM unnest(:outcome_id::UUID[], :outcome_lease_token::UUID[], :outcome_new_state::TEXT[], :outcome_retry_delay_s::DOUBLE PRECISION[], :outcome_next_at::TIMESTAMP WITH TIME ZONE[], :outcome_next_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_new_occurrence_id::UUID[], :outcome_status_code::INTEGER[], :outcome_error::TEXT[], :outcome_ended_reason::TEXT[], :outcome_tenant_id::UUID[], :outcome_occurrence_id::UUID[], :outcome_scheduled_for::TIMESTAMP WITH TIME ZONE[], :outcome_fire_at::TIMESTAMP WITH TIME ZONE[], :outcome_attempt::INTEGER[], :outcome_replica_id::TEXT[], :outcome_started_at::TIMESTAMP WITH TIME ZONE[], :outcome_duration_ms::INTEGER[], :outcome_outcome::TEXT[], :outcome_settled::TEXT[], :outcome_result::TEXT[]) AS outcome(id, lease_token, new_state, retry_delay_s, next_at, next_fire_at, new_occurrence_id, status_code, error, ended_reason, tenant_id, occurrence_id, scheduled_for, fire_at, attempt, replica_id, started_at, duration_ms, outcome, settled, result)
    WHERE jobs.id = outcome.id
-     AND jobs.state IN ('running')
+     AND CAST(jobs.state AS TEXT) IN ('running')
      AND jobs.lease_token = outcome.lease_token RETURNING
      jobs.id,
      outcome.lease_token,

@@ -29,7 +29,7 @@ SET
   updated_at=now()
 FROM unnest(:ids::UUID[], :leases::UUID[], :digests::TEXT[], :started::TIMESTAMP WITH TIME ZONE[], :timeouts::INTEGER[], :heartbeats::INTEGER[]) AS opened(id, lease, digest, started, timeout_s, heartbeat_s)
 WHERE jobs.id = opened.id
-  AND jobs.state IN ('running')
+  AND CAST(jobs.state AS TEXT) IN ('running')
   AND jobs.lease_token = opened.lease RETURNING
   jobs.id,
   jobs.lease_token;
