@@ -613,7 +613,7 @@ def state_in_rows_by_id(states: Iterable[JobState]) -> ColumnElement[bool]:
     every running job for each batch, and with ANALYZE's estimate of one running job (taken
     while none was) as a nested loop that unnested the whole batch again for each of them:
     290 us of PostgreSQL time per delivery instead of 56 in a 50,000-job drain
-    (bench/README.md, 2026-11-28)."""
+    (bench/log/2026-11-28-outcome-plan.md)."""
     return state_in(states, column=cast(jobs.c.state, Text))
 
 

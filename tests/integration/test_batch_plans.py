@@ -81,6 +81,12 @@ def _rows_read_from_jobs(node: dict[str, Any]) -> int:
     return read + sum(_rows_read_from_jobs(child) for child in node.get("Plans", []))
 
 
+def _assert_reads_only_the_batch(plans: list[dict[str, Any]]) -> None:
+    """The batch's UPDATE of jobs read no more rows of jobs than the batch has."""
+    (plan,) = [p for p in plans if "UPDATE jobs" in p["Query Text"]]
+    assert _rows_read_from_jobs(plan["Plan"]) <= BATCH, json.dumps(plan["Plan"], indent=1)[:4000]
+
+
 async def test_recording_a_batch_of_outcomes_reads_its_jobs_not_every_running_one(engine: AsyncEngine) -> None:
     claimed = await _running_jobs(engine)
     success = AttemptOutcome(RunOutcome.SUCCESS, 200)
@@ -96,8 +102,7 @@ async def test_recording_a_batch_of_outcomes_reads_its_jobs_not_every_running_on
     async with engine.begin() as conn:
         plans = await _plans_of(conn, finish)
     assert applied == {(job.id, job.lease_token) for job in claimed[:BATCH]}
-    (plan,) = [p for p in plans if "UPDATE jobs" in p["Query Text"]]
-    assert _rows_read_from_jobs(plan["Plan"]) <= BATCH, json.dumps(plan["Plan"], indent=1)[:4000]
+    _assert_reads_only_the_batch(plans)
 
 
 async def test_opening_a_batch_of_async_attempts_reads_its_jobs_not_every_running_one(engine: AsyncEngine) -> None:
@@ -115,5 +120,4 @@ async def test_opening_a_batch_of_async_attempts_reads_its_jobs_not_every_runnin
     async with engine.begin() as conn:
         plans = await _plans_of(conn, open_attempts)
     assert len(opened) == BATCH
-    (plan,) = [p for p in plans if "UPDATE jobs" in p["Query Text"]]
-    assert _rows_read_from_jobs(plan["Plan"]) <= BATCH, json.dumps(plan["Plan"], indent=1)[:4000]
+    _assert_reads_only_the_batch(plans)
