@@ -35,6 +35,7 @@ from app.services.ownership import PartitionOwnership
 from app.services.scheduler_config import SchedulerConfig
 from app.services.wake_plan import WakePlan
 from app.store.claims import job_claim_batch, job_claim_warm_up
+from app.store.outcomes import job_finish_warm_up
 from app.store.rescues import replica_session_name
 
 logger = logging.getLogger(__name__)
@@ -224,9 +225,10 @@ class Scheduler:
 
     async def warm_up(self) -> None:
         """Before this replica takes any partition: open its HTTP session and WARM_SESSIONS
-        database sessions, each with the claim prepared, so that its first claims after joining
-        do not each wait for a new session and the claim's first plan on it (measured: 20-120
-        ms apiece, which made the jobs it took over ~250 ms late)."""
+        database sessions, each with the claim and the outcome batch prepared, so that its first
+        claims after joining do not each wait for a new session and the claim's first plan on it
+        (measured: 20-120 ms apiece, which made the jobs it took over ~250 ms late), nor its
+        first burst for the statements' compilation."""
         await self.start()
         config = self.config
         # At most half of what the pool may hold: the process's other services use it too.
@@ -247,6 +249,7 @@ class Scheduler:
                         config.lease_s,
                         config.priority_aging_s,
                     )
+                    await job_finish_warm_up(conn)
         except Exception as exc:
             # Only time is lost: the sessions open as the claims need them, and the loops below
             # report an outage (and raise anything else) on their first pass.

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -77,8 +78,14 @@ async def job_claim_warm_up(
 ) -> None:
     """Runs the claim once on `conn` without taking anything: PostgreSQL parses and plans it,
     and the driver learns its result's types, on this session, before a claim that counts.
-    The first claim on a new session costs 20-100 ms, on a busy server more."""
+    The first claim on a new session costs 20-100 ms, on a busy server more.
+
+    Both variants: the one skipping full tenants and targets runs as soon as a tenant fills
+    its share, which a burst of one tenant's jobs does within its first claims; compiled
+    then, it cost each scheduler process ~100 ms of CPU in the middle of the burst."""
     await job_claim_batch(conn, key_ring, owner, limit, lease_s, {0: _NO_EPOCH}, aging_s)
+    full = ClaimShares(tenant_free={uuid.uuid4(): 0})  # a tenant no job has, at its share
+    await job_claim_batch(conn, key_ring, owner, limit, lease_s, {0: _NO_EPOCH}, aging_s, full)
 
 
 async def job_claim_batch(
