@@ -74,6 +74,8 @@ STATE_CHANGES: dict[tuple[str, str], tuple[tuple[JobState, ...], tuple[JobState,
     ("health", "edge_statement"): (LIVE, ()),
     # Every state app/domain/lifecycle.py's after_attempt can choose.
     ("outcomes", "job_finish_attempts"): (RUNNING, (S.SUCCEEDED, S.SCHEDULED, S.RETRYING, S.DEAD)),
+    # The same statement, run with an empty batch (it matches no job) before any claim.
+    ("outcomes", "job_finish_warm_up"): (RUNNING, (S.SUCCEEDED, S.SCHEDULED, S.RETRYING, S.DEAD)),
 }
 
 
