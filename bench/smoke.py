@@ -50,6 +50,7 @@ NEEDS: dict[str, set[str]] = {
     "dispatch": {"database"},
     "cluster": {"database"},
     "claim_cost": {"database"},
+    "create_parts": {"database"},
     "quota_scale": {"database"},
     "retention": {"database"},
     "fairness": {"database"},

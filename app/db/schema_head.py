@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-SCHEMA_HEAD = "0023"
+SCHEMA_HEAD = "0024"
 
 _REVISION = text("SELECT version_num FROM alembic_version")
 

@@ -21,7 +21,7 @@ from app.store.quotas import tenant_count_active_jobs, tenant_count_active_jobs_
 from app.store.tables import jobs
 from tests.conftest import TEST_KEY_RING, make_job, make_target, new_tenant
 from tests.factories import make_jobs
-from tests.integration.test_limits_and_paging import downgrade_one
+from tests.integration.test_limits_and_paging import downgrade_to
 from tests.receiver import Receiver, Reply, wait_for
 
 
@@ -150,7 +150,7 @@ async def test_the_migration_fills_the_counters_from_the_jobs_there(
     assert (await client.post(f"/v1/jobs/{jobs_made[0]['id']}/cancel", headers=auth)).status_code == 200
     tenant = await _tenant_of(engine, jobs_made[0]["id"])
     async with engine.begin() as conn:
-        await conn.run_sync(downgrade_one)  # before 0023: no counters, no triggers
+        await conn.run_sync(downgrade_to, "0022")  # before 0023: no counters, no triggers
         assert await conn.run_sync(revision_of) == "0022"
     # Written with no trigger to see it, through the store: the API's quota check reads the
     # counters this schema no longer has (a 500 whenever its cached count had lapsed).

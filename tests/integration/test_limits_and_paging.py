@@ -129,9 +129,14 @@ async def test_readyz_is_503_while_the_schema_is_behind(settings: Settings, engi
 
 
 def downgrade_one(connection: Connection) -> None:
+    downgrade_to(connection, "-1")
+
+
+def downgrade_to(connection: Connection, revision: str) -> None:
+    """Alembic's downgrade on this connection: to `revision`, or by a relative step ("-1")."""
     config = alembic_config()
     config.attributes["connection"] = connection
-    command.downgrade(config, "-1")
+    command.downgrade(config, revision)
 
 
 async def every_page(client: httpx.AsyncClient, auth: dict[str, str], path: str, limit: int) -> list[list[str]]:
