@@ -6,7 +6,8 @@ flight on each) in the same run, on one embedded PostgreSQL (a fresh database ea
 Order: ceiling, cronhook, (cronhook batch), ceiling again (unless --no-bracket); the ratio is
 against the mean of the ceiling runs, because this box's speed drifts over minutes. Each run: --warmup requests,
 then --requests measured ones. Jobs are due a day ahead, so a `cronhook up` scheduler has
-nothing to deliver meanwhile.
+nothing to deliver meanwhile: at a `run_at` each, or (--delay, cronhook only) after a
+`delay_s` of a day.
 
 Per run: creates/s, p50/p99 latency (loadgen's), and CPU ms per request of the server process
 tree, of PostgreSQL (postmaster and backends) and of the load generator, each taken over the
@@ -153,17 +154,19 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     pg_pid = int(server.info["postmaster_pid"])
     result: dict[str, Any] = {"bench": "api_compare", "k": args.connections, "requests": args.requests, "runs": {}}
 
-    def drive(url: str, key: str, target_id: uuid.UUID, cpu: Any) -> dict[str, Any]:
+    def drive(url: str, key: str, target_id: uuid.UUID, cpu: Any, delayed: bool = False) -> dict[str, Any]:
         cpu0, pg0 = cpu(), tree_cpu_s(pg_pid)
+        # Due a day ahead: at an instant (`run_at`, set per request), or after a `delay_s`.
+        body: dict[str, Any] = {"target_id": str(target_id), **({"delay_s": DAY_S} if delayed else {})}
         out = loadgen.run_loadgen(
             peers_python,
             url + "/v1/jobs",
             key,
-            {"target_id": str(target_id)},
+            body,
             k=args.connections,
             warmup=args.warmup,
             n=args.requests,
-            run_at_start=time.time() + DAY_S,
+            run_at_start=None if delayed else time.time() + DAY_S,
             run_at_step=0.001,
             timeout=args.deadline,
             log=workdir / "loadgen.log",
@@ -190,7 +193,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 settled = wait_until_quiet(service.cpu_s)
                 print(f"cronhook quiet after {settled:.1f} s")
                 with profiled(args.profile, "api-create", service.pid) as profile:
-                    fig = drive(service.base_url, service.api_key, target_id, service.cpu_s)
+                    fig = drive(service.base_url, service.api_key, target_id, service.cpu_s, args.delay)
                 result["profile"] = profile
                 result["runs"]["cronhook"] = fig
                 print(f"cronhook ({args.cronhook_cmd}): {fig}")
@@ -214,6 +217,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         }
         result["ceiling_spread"] = round(max(rates) / min(rates), 3)
     result["cmd"] = args.cronhook_cmd
+    result["schedule"] = "delay_s" if args.delay else "run_at"
     return result
 
 
@@ -226,6 +230,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-requests", type=positive_int, default=41, help="batch requests (the first untimed)")
     parser.add_argument("--batch-connections", type=positive_int, default=4, help="batch requests in flight")
     parser.add_argument("--deadline", type=float, default=240.0, help="seconds per loadgen run before giving up")
+    parser.add_argument(
+        "--delay",
+        action="store_true",
+        help="cronhook's creates say delay_s (a day) instead of run_at (the ceiling takes only run_at)",
+    )
     parser.add_argument(
         "--no-bracket",
         dest="bracket",

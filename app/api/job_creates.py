@@ -152,11 +152,14 @@ async def create_for_known_key(
     the job and the database's now(), or None when nothing was written (a dead key, a refusal
     of any kind): create_one, after a key look-up, then answers as it always does.
 
-    Only a job at a given instant (`run_at`): planning it reads the clock only to bound the
+    A job at a given instant (`run_at`): planning it reads the clock only to bound the
     instant ahead, and `known.now` (the database's now() as this process last saw it) is
-    earlier than the database's: an instant it accepts, the true clock accepts too. A delay
-    or a recurring schedule is planned from the clock itself: create_one."""
-    if body.run_at is None:
+    earlier than the database's: an instant it accepts, the true clock accepts too. A one-off
+    after a delay (`delay_s`): planned from `known.now`, every bound it meets is relative to
+    the clock, and the INSERT moves its fire time on to its own now() (due `delay_s` after
+    it, as the full path plans it from the look-up's now()). A recurring schedule is planned
+    from the clock itself: create_one."""
+    if body.run_at is None and body.delay_s is None:
         return None
     tenant_id = known.tenant_id
     try:
@@ -171,7 +174,9 @@ async def create_for_known_key(
         await fresh_connection(conn)
         return None
     try:
-        row = await job_create_for_key(conn, tenant_id, key_hash, prepared, _create_audit(known, request_id))
+        audit = _create_audit(known, request_id)
+        planned_now = None if body.delay_s is None else known.now
+        row = await job_create_for_key(conn, tenant_id, key_hash, prepared, audit, planned_now)
     except Exception as exc:
         if not is_transient_db_error(exc):
             raise
@@ -260,8 +265,8 @@ class QuickCreate:
     return is the request-rate admission, which counts the request.
 
     A key this process has authenticated before (KnownKeys) skips the look-up's round trip:
-    for a job at a given instant, one INSERT checks the key and writes the job and its audit
-    row (create_for_known_key)."""
+    for a one-off job (at an instant or after a delay), one INSERT checks the key and writes
+    the job and its audit row (create_for_known_key)."""
 
     def __init__(self) -> None:
         self.known_keys = KnownKeys()

@@ -13,6 +13,7 @@ create's audit row in the same statement (a data-modifying CTE).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import uuid
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,7 @@ from sqlalchemy import (
     text,
     true,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID, insert
+from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB, UUID, insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -58,6 +59,8 @@ from app.store.targets import target_live, target_share_lock_live
 
 _UUID = UUID(as_uuid=True)
 _TENANT_ID = bindparam("tenant_id", type_=_UUID)
+_TS = jobs.c.scheduled_for.type
+_INTERVAL = INTERVAL()
 
 
 def _rows() -> Any:
@@ -125,7 +128,8 @@ def create_one_statement(key_checked: bool) -> DriverStatement:
     """The single create with plain parameters (arrays of one cost more to encode than the
     row), for the driver (app/db/driver.py), with its audit row.
     `key_checked`: the row goes in only if the API key (by hash) is live and is the audit
-    row's key of this tenant, and the database's now() comes back with it (`db_now`)."""
+    row's key of this tenant, and the database's now() comes back with it (`db_now`); a job
+    planned from a delay against an earlier clock (`planned_now`) is moved on to this one."""
     live = target_share_lock_live(_TENANT_ID, bindparam("target_id", type_=_UUID))
     if key_checked:
         # In the INSERT's own snapshot: a key revoked before it started creates nothing.
@@ -143,6 +147,15 @@ def create_one_statement(key_checked: bool) -> DriverStatement:
     live = live.add_columns(or_(targets.c.paused_at.is_not(None), tenant_paused).label("target_paused"))
     live_target = live.cte("live_target")
     values: dict[str, ColumnElement[Any]] = {name: bindparam(name, type_=type_) for name, type_ in NEW_JOB_COLUMNS}
+    if key_checked:
+        # A job planned against the clock as last seen (`planned_now`, a delay from it) is
+        # moved on by how far the database's clock has gone since: due `delay_s` after this
+        # statement's now(), as if planned against it. NULL for a job at a given instant.
+        since_planned = func.coalesce(
+            func.now() - bindparam("planned_now", type_=_TS), literal_column("interval '0'"), type_=_INTERVAL
+        )
+        for name in ("schedule_anchor_at", "scheduled_for"):
+            values[name] = values[name] + since_planned
     values.update(
         tenant_id=_TENANT_ID,
         payload=cast(values["payload"], JSONB),
@@ -242,14 +255,24 @@ async def job_create_checked(
 
 
 async def job_create_for_key(
-    conn: AsyncConnection, tenant_id: uuid.UUID, key_hash: str, job: PreparedJob, audit: JobAudit
+    conn: AsyncConnection,
+    tenant_id: uuid.UUID,
+    key_hash: str,
+    job: PreparedJob,
+    audit: JobAudit,
+    planned_now: dt.datetime | None = None,
 ) -> Mapping[str, Any] | None:
     """`job_create_checked` for a caller not yet authenticated by this request: the same one
     statement also checks that the key (`key_hash`, `audit.api_key_id`) is live and the
     tenant's. The row (with `db_now`, the database's clock) or None when nothing was written:
     a dead key, no such target, a held dedup_key; the caller then takes the full path, which
-    says which."""
-    parameters = {**_create_one_parameters(tenant_id, job, audit), "key_hash": key_hash}
+    says which. `planned_now`: the clock a one-off's delay was planned from; its fire time
+    moves on by however far the database's clock is past it."""
+    parameters = {
+        **_create_one_parameters(tenant_id, job, audit),
+        "key_hash": key_hash,
+        "planned_now": planned_now,
+    }
     return await driver_fetch_one(conn, _CREATE_ONE_FOR_KEY, parameters)
 
 

@@ -96,11 +96,37 @@ async def test_a_known_keys_create_is_one_statement_and_the_same_job(
         key_id = await conn.scalar(select(api_keys.c.id).where(api_keys.c.key_hash == key_hash))
         row = (await conn.execute(select(audit_log).where(audit_log.c.object_id == job["id"]))).one()
     assert (row.action, row.request_id, row.api_key_id) == ("createJob", "known-1", key_id)
-    # A delay or a recurring schedule is planned from the clock: the full path.
-    delayed = await lean.post("/v1/jobs", json={"target_id": target_id, "delay_s": 30}, headers=auth)
+    # A recurring schedule is planned from the exact clock: the full path.
     cron = await lean.post("/v1/jobs", json={"target_id": target_id, "cron": "0 9 * * *"}, headers=auth)
-    assert delayed.status_code == cron.status_code == 201
-    assert outcomes == ["created", "full path", "full path"]
+    assert cron.status_code == 201
+    assert outcomes == ["created", "full path"]
+
+
+async def test_a_known_keys_delay_is_one_statement_due_that_long_after_it(
+    lean: httpx.AsyncClient, service: FastAPI, engine: AsyncEngine, outcomes: Outcomes
+) -> None:
+    auth, target_id = await _known_key(lean, engine)
+    known_keys = service.state.quick_create.known_keys
+    # The clock this process last saw, an hour behind the database's (an idle API process):
+    # the job is planned from it, and still falls due `delay_s` after the INSERT.
+    assert known_keys.now is not None
+    known_keys.now -= dt.timedelta(hours=1)
+    for delay_s in (30, 0.25, 86_400):
+        created = await lean.post("/v1/jobs", json={"target_id": target_id, "delay_s": delay_s}, headers=auth)
+        assert created.status_code == 201, created.text
+        job = created.json()
+        async with engine.connect() as conn:
+            row = (await conn.execute(select(jobs).where(jobs.c.id == uuid.UUID(job["id"])))).one()
+        # created_at is the INSERT's now(): the same instant the delay is counted from.
+        assert row.scheduled_for - row.created_at == dt.timedelta(seconds=delay_s)
+        assert row.run_at == row.scheduled_for == row.schedule_anchor_at
+        assert dt.datetime.fromisoformat(job["next_run_at"]) == row.run_at
+        assert (await lean.get(f"/v1/jobs/{job['id']}", headers=auth)).json() == job
+    assert outcomes == ["created"] * 3
+    assert known_keys.now > dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)  # caught up
+    # Its bounds hold as on the full path: too long a delay is a 422 naming delay_s.
+    too_long = await lean.post("/v1/jobs", json={"target_id": target_id, "delay_s": 10**12}, headers=auth)
+    assert too_long.status_code == 422 and too_long.json()["errors"][0]["field"] == "delay_s"
 
 
 async def test_a_key_revoked_after_it_became_known_creates_nothing(
