@@ -42,6 +42,7 @@ from app.api.routes import (
     targets,
 )
 from app.api.routes.job_batches import BATCH_PATH
+from app.api.warm_up import warm_up_api
 from app.db.watch import DB_WATCH
 from app.processes import Supervisor
 from app.runtime import Runtime
@@ -80,6 +81,9 @@ def create_app(
         app.state.engine = await runtime.start()
         app.state.key_ring = runtime.key_ring
         app.state.quotas = Quotas(app.state.engine, settings)
+        # Before the first request (and before gc.freeze below): the create path's sessions
+        # and statements, so a restart's first requests are not the ones that pay for them.
+        await warm_up_api(app.state.engine, settings.db_pool_size)
         stop = asyncio.Event()
         services = start_services(
             app.state.engine,

@@ -42,6 +42,9 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.driver import DriverStatement, driver_fetch_one
+from app.domain.job import NewJob
+from app.domain.retry import RetryPolicy
+from app.domain.schedule import OnceSchedule
 from app.domain.states import TERMINAL_STATES, JobState
 from app.ids import new_id
 from app.store.health import target_paused_of_job
@@ -286,6 +289,20 @@ def _create_one_parameters(tenant_id: uuid.UUID, job: PreparedJob, audit: JobAud
         "audit_action": audit.action,
         "audit_request_id": audit.request_id,
     }
+
+
+async def job_create_warm_up(conn: AsyncConnection) -> None:
+    """Runs the single creates' statements (with and without the key check) once on `conn`,
+    for a tenant that does not exist: nothing is written or locked. A new API process then
+    answers its first creates without compiling them, and this session without preparing
+    them (its first plans and the driver's type look-ups included)."""
+    nobody = uuid.uuid4()
+    fire = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    new = NewJob(nobody, nobody, None, None, 0, OnceSchedule(fire), fire, RetryPolicy(1, 1.0, 1.0))
+    parameters = _create_one_parameters(nobody, PreparedJob.of(new, "{}"), JobAudit(nobody, None, "warm-up"))
+    for statement, extra in ((_CREATE_ONE, {}), (_CREATE_ONE_FOR_KEY, {"key_hash": "", "planned_now": None})):
+        if await driver_fetch_one(conn, statement, {**parameters, **extra}) is not None:
+            raise RuntimeError("the create's warm-up wrote a job")
 
 
 async def job_create_many_checked(
