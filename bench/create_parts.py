@@ -191,7 +191,11 @@ async def measure(
             first_fire_at=fire,
             policy=RetryPolicy(3, 1.0, 60.0),
         )
-        values = {**_create_one_parameters(tenant_id, PreparedJob.of(new, '{"n": 1}'), audit), "key_hash": key_hash}
+        values = {
+            **_create_one_parameters(tenant_id, PreparedJob.of(new, '{"n": 1}'), audit),
+            "key_hash": key_hash,
+            "planned_now": None,
+        }
         out = []
         for name in names:
             bind = binds[name]
