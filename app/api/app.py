@@ -83,7 +83,11 @@ def create_app(
         app.state.quotas = Quotas(app.state.engine, settings)
         # Before the first request (and before gc.freeze below): the create path's sessions
         # and statements, so a restart's first requests are not the ones that pay for them.
-        await warm_up_api(app.state.engine, settings.db_pool_size)
+        try:
+            await warm_up_api(app.state.engine, settings.db_pool_size)
+        except BaseException:
+            await runtime.stop()
+            raise
         stop = asyncio.Event()
         services = start_services(
             app.state.engine,

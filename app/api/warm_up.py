@@ -10,24 +10,27 @@ import asyncio
 import contextlib
 import logging
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.errors import is_transient_db_error
+from app.db.errors import is_transient_db_error, outage_reason
 from app.logs import log_event
 from app.store.job_inserts import job_create_warm_up
 from app.store.tenants import api_key_caller
 
 logger = logging.getLogger(__name__)
 
-# The longest start-up waits for it: past this the process serves, and the sessions still
-# opening join the pool as they are ready.
+# The longest start-up waits for it: past this the process serves; what was still opening or
+# running is cancelled, and requests open sessions as they need them.
 WARM_UP_MAX_S = 5.0
 
 
 async def warm_up_api(engine: AsyncEngine, sessions: int) -> None:
     """Opens `sessions` pooled sessions at once and runs the create path's statements on each
-    (writing nothing). Only time is at stake: a database that fails or is slow is logged, and
-    the sessions open as requests need them. Anything else is a bug, raised."""
+    (writing nothing). Only time is at stake: a database that is slow or answers with any
+    error (out of reach, refusing connections, a schema not migrated yet, a permission) is
+    logged, and the process serves as it would have; /readyz reports what is wrong. Anything
+    else is a bug, raised."""
     async with contextlib.AsyncExitStack() as held:
         try:
             async with asyncio.timeout(WARM_UP_MAX_S):
@@ -37,12 +40,16 @@ async def warm_up_api(engine: AsyncEngine, sessions: int) -> None:
         except TimeoutError:
             log_event(logger, "api_warm_up_slow", logging.WARNING, limit_s=WARM_UP_MAX_S)
             return
-    failures = [result for result in results if isinstance(result, BaseException)]
-    for failure in failures:
-        if not is_transient_db_error(failure):
-            raise failure
+    failures: list[BaseException] = []
+    for result in results:
+        if isinstance(result, DBAPIError) or (isinstance(result, BaseException) and is_transient_db_error(result)):
+            failures.append(result)
+        elif isinstance(result, BaseException):
+            raise result
     if failures:
-        log_event(logger, "api_warm_up_failed", logging.WARNING, error=type(failures[0]).__name__)
+        first = failures[0]
+        reason = outage_reason(first) if is_transient_db_error(first) else type(getattr(first, "orig", first)).__name__
+        log_event(logger, "api_warm_up_failed", logging.WARNING, sessions=len(failures), reason=reason)
 
 
 async def _warm_session(engine: AsyncEngine, stack: contextlib.AsyncExitStack) -> None:

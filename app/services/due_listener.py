@@ -1,6 +1,7 @@
-"""LISTEN for jobs that became due soon (migration 0007's trigger on jobs) and hand each
-notice's due time to a callback: the scheduler's early wake-up. On the same connection, the
-replicas' partition notices (app/store/partitions.py) for the ownership rounds' early wake-up.
+"""LISTEN for jobs that became due soon (the triggers on jobs, migrations 0007 and 0024) and
+hand each notice's due time to a callback: the scheduler's early wake-up. On the same
+connection, the replicas' partition notices (app/store/partitions.py) for the ownership
+rounds' early wake-up.
 
 One dedicated connection per scheduler process, outside the pool (a LISTEN holds its
 session). When it drops (database restart, network), the listener reconnects with backoff

@@ -154,9 +154,11 @@ def create_one_statement(key_checked: bool) -> DriverStatement:
         # A job planned against the clock as last seen (`planned_now`, a delay from it) is
         # moved on by how far the database's clock has gone since: due `delay_s` after this
         # statement's now(), as if planned against it. NULL for a job at a given instant.
-        since_planned = func.coalesce(
-            func.now() - bindparam("planned_now", type_=_TS), literal_column("interval '0'"), type_=_INTERVAL
-        )
+        # In seconds: a difference of timestamptz counts whole days, and a day added to a
+        # timestamptz is a calendar day of the session's TimeZone (23 or 25 h across DST).
+        elapsed_s = func.extract("epoch", func.now() - bindparam("planned_now", type_=_TS))
+        in_seconds = elapsed_s * literal_column("interval '1 second'")
+        since_planned = func.coalesce(in_seconds, literal_column("interval '0'"), type_=_INTERVAL)
         for name in ("schedule_anchor_at", "scheduled_for"):
             values[name] = values[name] + since_planned
     values.update(

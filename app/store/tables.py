@@ -138,9 +138,10 @@ api_rate_buckets = Table(
     _ts("updated_at", nullable=False, default_now=True),
 )
 
-# Unfinished jobs per tenant, kept with the writes (migration 0023): triggers on jobs append
-# +1/-1 deltas whenever a row becomes or stops being unfinished; the quota's read folds a
-# tenant's deltas into its counter (app/store/quotas.py).
+# Unfinished jobs per tenant, kept with the writes (migrations 0023, 0024): triggers on jobs
+# append deltas whenever rows become or stop being unfinished (an INSERT statement one per
+# tenant, +n; an update or delete crossing the line +1/-1); the quota's read folds a tenant's
+# deltas into its counter (app/store/quotas.py).
 tenant_job_counts = Table(
     "tenant_job_counts",
     metadata,

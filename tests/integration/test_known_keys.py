@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+import zoneinfo
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy import ColumnElement, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import app.api.job_creates as job_creates
@@ -127,6 +128,36 @@ async def test_a_known_keys_delay_is_one_statement_due_that_long_after_it(
     # Its bounds hold as on the full path: too long a delay is a 422 naming delay_s.
     too_long = await lean.post("/v1/jobs", json={"target_id": target_id, "delay_s": 10**12}, headers=auth)
     assert too_long.status_code == 422 and too_long.json()["errors"][0]["field"] == "delay_s"
+
+
+async def test_a_stale_clock_moves_a_delay_on_in_seconds_whatever_the_sessions_time_zone(
+    lean: httpx.AsyncClient, service: FastAPI, engine: AsyncEngine, outcomes: Outcomes
+) -> None:
+    auth, target_id = await _known_key(lean, engine)
+    # Sessions in a zone with daylight saving time, and a clock last seen over a year ago: a
+    # shift in calendar days would be 23 or 25 h per day across a change.
+    async with engine.connect() as conn:
+        name = await conn.scalar(select(func.current_database()))
+        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET timezone = 'Europe/Berlin'"))
+        await conn.commit()
+    await engine.dispose()  # new sessions take the database's setting
+    known_keys = service.state.quick_create.known_keys
+    assert known_keys.now is not None
+    berlin = zoneinfo.ZoneInfo("Europe/Berlin")
+    # Whole days back to a time on the other side of a change (summer time now, or not).
+    days = next(
+        d
+        for d in range(30, 366, 15)
+        if (known_keys.now - dt.timedelta(days=d)).astimezone(berlin).dst() != known_keys.now.astimezone(berlin).dst()
+    )
+    known_keys.now -= dt.timedelta(days=days)
+    created = await lean.post("/v1/jobs", json={"target_id": target_id, "delay_s": 30}, headers=auth)
+    assert created.status_code == 201, created.text
+    assert outcomes == ["created"]
+    async with engine.connect() as conn:
+        assert await conn.scalar(text("SHOW timezone")) == "Europe/Berlin"
+        row = (await conn.execute(select(jobs).where(jobs.c.id == uuid.UUID(created.json()["id"])))).one()
+    assert row.scheduled_for - row.created_at == dt.timedelta(seconds=30)
 
 
 async def test_a_key_revoked_after_it_became_known_creates_nothing(

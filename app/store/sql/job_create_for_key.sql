@@ -40,9 +40,11 @@ WITH
      :timezone::VARCHAR AS timezone,
      :every_s::INTEGER AS every_s,
      :schedule_anchor_at::TIMESTAMP WITH TIME ZONE +
-     coalesce(now() - :planned_now::TIMESTAMP WITH TIME ZONE, interval '0') AS schedule_anchor_at,
+     coalesce(EXTRACT(epoch
+                      FROM now() - :planned_now::TIMESTAMP WITH TIME ZONE) * interval '1 second', interval '0') AS schedule_anchor_at,
      :scheduled_for::TIMESTAMP WITH TIME ZONE +
-     coalesce(now() - :planned_now::TIMESTAMP WITH TIME ZONE, interval '0') AS scheduled_for,
+     coalesce(EXTRACT(epoch
+                      FROM now() - :planned_now::TIMESTAMP WITH TIME ZONE) * interval '1 second', interval '0') AS scheduled_for,
      :occurrence_id::UUID AS occurrence_id,
      :max_attempts::INTEGER AS max_attempts,
      :backoff_base_s::FLOAT AS backoff_base_s,
@@ -74,7 +76,8 @@ WITH
      :on_failure_target_id::UUID AS on_failure_target_id,
      :tenant_id::UUID AS tenant_id,
      CAST(:param_2::VARCHAR AS job_state) AS state,
-     :scheduled_for::TIMESTAMP WITH TIME ZONE + coalesce(now() - :planned_now::TIMESTAMP WITH TIME ZONE, interval '0') + :fire_delay_ms::INTEGER * interval '1 millisecond' AS run_at
+     :scheduled_for::TIMESTAMP WITH TIME ZONE + coalesce(EXTRACT(epoch
+                                                                 FROM now() - :planned_now::TIMESTAMP WITH TIME ZONE) * interval '1 second', interval '0') + :fire_delay_ms::INTEGER * interval '1 millisecond' AS run_at
    FROM live_target ON CONFLICT (
                                    tenant_id,
                                    dedup_key)
