@@ -61,71 +61,47 @@ PARTS = ("checks", "insert_trigger", "indexes", "audit_row", "share_lock")
 
 
 class Scratch:
-    """The scratch database's jobs table: its CHECKs, triggers and secondary indexes as they
-    are, each taken away and put back by DDL."""
+    """The scratch database's jobs table: per part, the DDL that takes it away and the DDL that
+    puts it back (CHECKs NOT VALID: still checked on every new row, no scan)."""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
-        self.checks: list[tuple[str, str]] = []
-        self.triggers: list[tuple[str, str]] = []
-        self.indexes: list[tuple[str, str]] = []
+        self.ddl: dict[str, tuple[list[str], list[str]]] = {}
 
     async def read(self) -> None:
-        self.checks = [
-            (r["conname"], r["def"])
-            for r in await self.conn.fetch(
-                "SELECT conname, pg_get_constraintdef(oid) AS def FROM pg_constraint "
-                "WHERE conrelid = 'jobs'::regclass AND contype = 'c'"
-            )
-        ]
-        self.triggers = [
-            (r["tgname"], r["def"])
-            for r in await self.conn.fetch(
-                "SELECT tgname, pg_get_triggerdef(oid) AS def FROM pg_trigger "
-                "WHERE tgrelid = 'jobs'::regclass AND NOT tgisinternal AND tgtype & 4 = 4"  # INSERT
-            )
-        ]
-        self.indexes = [
-            (r["indexname"], r["indexdef"])
-            for r in await self.conn.fetch(
-                "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'jobs' "
-                # The unique ones stay: the INSERT's dedup rule names one (ON CONFLICT).
-                "AND indexdef NOT LIKE 'CREATE UNIQUE INDEX%'"
-            )
-        ]
+        checks = await self.conn.fetch(
+            "SELECT conname, pg_get_constraintdef(oid) AS def FROM pg_constraint "
+            "WHERE conrelid = 'jobs'::regclass AND contype = 'c'"
+        )
+        triggers = await self.conn.fetch(
+            "SELECT tgname, pg_get_triggerdef(oid) AS def FROM pg_trigger "
+            "WHERE tgrelid = 'jobs'::regclass AND NOT tgisinternal AND tgtype & 4 = 4"  # INSERT
+        )
+        indexes = await self.conn.fetch(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'jobs' "
+            # The unique ones stay: the INSERT's dedup rule names one (ON CONFLICT).
+            "AND indexdef NOT LIKE 'CREATE UNIQUE INDEX%'"
+        )
+        self.ddl = {
+            "checks": (
+                [f"ALTER TABLE jobs DROP CONSTRAINT {r['conname']}" for r in checks],
+                [f"ALTER TABLE jobs ADD CONSTRAINT {r['conname']} {r['def']} NOT VALID" for r in checks],
+            ),
+            "insert_trigger": ([f"DROP TRIGGER {r['tgname']} ON jobs" for r in triggers], [r["def"] for r in triggers]),
+            "indexes": ([f"DROP INDEX {r['indexname']}" for r in indexes], [r["indexdef"] for r in indexes]),
+        }
 
     async def take_away(self, part: str) -> None:
-        if part == "checks":
-            for name, _ in self.checks:
-                await self.conn.execute(f"ALTER TABLE jobs DROP CONSTRAINT {name}")
-        elif part == "insert_trigger":
-            for name, _ in self.triggers:
-                await self.conn.execute(f"DROP TRIGGER {name} ON jobs")
-        elif part == "indexes":
-            for name, _ in self.indexes:
-                await self.conn.execute(f"DROP INDEX {name}")
+        for statement in self.ddl.get(part, ([], []))[0]:
+            await self.conn.execute(statement)
 
     async def put_back(self, part: str) -> None:
-        if part == "checks":
-            for name, definition in self.checks:
-                await self.conn.execute(f"ALTER TABLE jobs ADD CONSTRAINT {name} {definition} NOT VALID")
-        elif part == "insert_trigger":
-            for _, definition in self.triggers:
-                await self.conn.execute(definition)
-        elif part == "indexes":
-            for _, definition in self.indexes:
-                await self.conn.execute(definition)
+        for statement in self.ddl.get(part, ([], []))[1]:
+            await self.conn.execute(statement)
 
 
-def compiled_create() -> Any:
-    """The single create for a known key, compiled for the driver as the API's is."""
-    dialect: Any = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
-    return dialect.statement_compiler(dialect, create_one_statement(key_checked=True).statement)
-
-
-def statement_text(part: str | None) -> str:
-    """The create's SQL for the driver; without the audit row or the share lock for those parts."""
-    sql: str = compiled_create().string
+def statement_text(sql: str, part: str | None) -> str:
+    """The create's SQL; without the audit row or the share lock for those parts."""
     if part == "audit_row":
         # A SELECT in its place: never run (nothing refers to it), and its parameters keep their types.
         sql, found = re.subn(r"audited AS\s*\(INSERT INTO audit_log \([^)]*\)", "audited AS (", sql)
@@ -175,8 +151,9 @@ async def measure(
     now: dt.datetime,
 ) -> dict[str, Any]:
     fire = now + dt.timedelta(days=1)
-    compiled = compiled_create()
-    names, binds = list(compiled.positiontup or []), compiled.binds
+    # Compiled and converted by the driver path's own code, as the API runs it.
+    dialect: Any = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
+    compiled = await create_one_statement(key_checked=True).prepared(dialect, admin)
     audit = JobAudit(key_row["id"], "bench", "job.create")
     key_hash = hash_api_key(key)
 
@@ -191,18 +168,9 @@ async def measure(
             first_fire_at=fire,
             policy=RetryPolicy(3, 1.0, 60.0),
         )
-        values = {
-            **_create_one_parameters(tenant_id, PreparedJob.of(new, '{"n": 1}'), audit),
-            "key_hash": key_hash,
-            "planned_now": None,
-        }
-        out = []
-        for name in names:
-            bind = binds[name]
-            value = bind.effective_value if not bind.required else values[name]
-            process = compiled._bind_processors.get(name)
-            out.append(value if process is None or value is None else process(value))
-        return out
+        job = PreparedJob.of(new, '{"n": 1}')
+        values = {**_create_one_parameters(tenant_id, job, audit), "key_hash": key_hash, "planned_now": None}
+        return compiled.arguments(values)
 
     async def creates(sql: str, per_connection: int) -> None:
         async def one_connection() -> None:
@@ -225,7 +193,7 @@ async def measure(
         if part is not None:
             await scratch.take_away(part)
         try:
-            sql = statement_text(part)
+            sql = statement_text(compiled.sql, part)
             await creates(sql, 3)  # plans made, caches warm
             before = tree_cpu_s(root)
             await creates(sql, args.creates)

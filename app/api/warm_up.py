@@ -40,12 +40,11 @@ async def warm_up_api(engine: AsyncEngine, sessions: int) -> None:
         except TimeoutError:
             log_event(logger, "api_warm_up_slow", logging.WARNING, limit_s=WARM_UP_MAX_S)
             return
-    failures: list[BaseException] = []
-    for result in results:
-        if isinstance(result, DBAPIError) or (isinstance(result, BaseException) and is_transient_db_error(result)):
-            failures.append(result)
-        elif isinstance(result, BaseException):
-            raise result
+    failures = [result for result in results if isinstance(result, BaseException)]
+    for failure in failures:
+        # A database's answer (any DBAPIError) or a connection that failed is logged below.
+        if not (isinstance(failure, DBAPIError) or is_transient_db_error(failure)):
+            raise failure
     if failures:
         first = failures[0]
         reason = outage_reason(first) if is_transient_db_error(first) else type(getattr(first, "orig", first)).__name__

@@ -300,11 +300,20 @@ async def job_create_warm_up(conn: AsyncConnection) -> None:
     them (its first plans and the driver's type look-ups included)."""
     nobody = uuid.uuid4()
     fire = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
-    new = NewJob(nobody, nobody, None, None, 0, OnceSchedule(fire), fire, RetryPolicy(1, 1.0, 1.0))
-    parameters = _create_one_parameters(nobody, PreparedJob.of(new, "{}"), JobAudit(nobody, None, "warm-up"))
-    for statement, extra in ((_CREATE_ONE, {}), (_CREATE_ONE_FOR_KEY, {"key_hash": "", "planned_now": None})):
-        if await driver_fetch_one(conn, statement, {**parameters, **extra}) is not None:
-            raise RuntimeError("the create's warm-up wrote a job")
+    new = NewJob(
+        tenant_id=nobody,
+        target_id=nobody,
+        name=None,
+        payload=None,
+        priority=0,
+        schedule=OnceSchedule(fire),
+        first_fire_at=fire,
+        policy=RetryPolicy(1, 1.0, 1.0),
+    )
+    job, audit = PreparedJob.of(new, "{}"), JobAudit(nobody, None, "warm-up")
+    written = await driver_fetch_one(conn, _CREATE_ONE, _create_one_parameters(nobody, job, audit))
+    if written is not None or await job_create_for_key(conn, nobody, "", job, audit) is not None:
+        raise RuntimeError("the create's warm-up wrote a job")
 
 
 async def job_create_many_checked(
