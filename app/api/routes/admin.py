@@ -7,7 +7,7 @@ import dataclasses
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import Field
 
 from app.api.audit import request_id_of
@@ -15,6 +15,7 @@ from app.api.deps import Admin, Conn, QuotasDep, SettingsDep
 from app.api.errors import Problem
 from app.api.quotas import Quotas
 from app.api.schemas.health import MAX_CONSECUTIVE_FAILURES, MAX_SUCCESS_WITHIN_S
+from app.api.schemas.inputs import PlainText
 from app.api.schemas.security import (
     ApiKeyCreate,
     ApiKeyCreated,
@@ -45,7 +46,8 @@ class TenantLimitsOverrides(TenantLimitsUpdate):
     )
 
 
-TenantName = Annotated[str | None, Query(min_length=1, max_length=200, description="Only this tenant's keys")]
+TenantName = Annotated[PlainText | None, Query(min_length=1, max_length=200, description="Only this tenant's keys")]
+TenantPath = Annotated[PlainText, Path(min_length=1, max_length=200, description="The tenant's name")]
 
 
 async def _audit(conn: Conn, request: Request, tenant_id: uuid.UUID, action: str, object_id: object) -> None:
@@ -67,10 +69,10 @@ async def _existing_tenant(conn: Conn, name: str) -> uuid.UUID:
 
 
 @router.post("/tenants/{tenant}/api-keys", status_code=201, operation_id="adminCreateApiKey")
-async def create_api_key(tenant: str, conn: Conn, request: Request, body: ApiKeyCreate | None = None) -> ApiKeyCreated:
+async def create_api_key(
+    tenant: TenantPath, conn: Conn, request: Request, body: ApiKeyCreate | None = None
+) -> ApiKeyCreated:
     """A new key for the tenant (created if new); the key is shown only in this response."""
-    if not 1 <= len(tenant) <= 200:
-        raise Problem(422, "must be 1-200 characters", slug="validation", field="tenant")
     tenant_id = await tenant_ensure(conn, tenant)
     key, row = await api_key_create_row(conn, tenant_id, (body or ApiKeyCreate()).name)
     await _audit(conn, request, tenant_id, "adminCreateApiKey", row["id"])
@@ -113,7 +115,7 @@ async def _limits_public(
 
 
 @router.get("/tenants/{tenant}/limits", operation_id="adminGetTenantLimits")
-async def get_limits(tenant: str, conn: Conn, quotas: QuotasDep, settings: SettingsDep) -> TenantLimitsPublic:
+async def get_limits(tenant: TenantPath, conn: Conn, quotas: QuotasDep, settings: SettingsDep) -> TenantLimitsPublic:
     tenant_id = await _existing_tenant(conn, tenant)
     quotas.forget(tenant_id)
     return await _limits_public(conn, quotas, settings, tenant, tenant_id)
@@ -121,7 +123,7 @@ async def get_limits(tenant: str, conn: Conn, quotas: QuotasDep, settings: Setti
 
 @router.put("/tenants/{tenant}/limits", operation_id="adminSetTenantLimits")
 async def set_limits(
-    tenant: str,
+    tenant: TenantPath,
     body: TenantLimitsOverrides,
     conn: Conn,
     quotas: QuotasDep,

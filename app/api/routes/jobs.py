@@ -18,6 +18,7 @@ from app.api.deps import Conn, CreateConn, CreatorDep, LabelFilter, QuotasDep, S
 from app.api.errors import Problem
 from app.api.idempotency import REPLAYED_HEADER, REPLAYED_RESPONSE_DOC, IdempotencyKey, IdempotentRequest
 from app.api.job_creates import CREATE_JOB, QuickCreate, create_one
+from app.api.schemas.inputs import PlainText
 from app.api.schemas.jobs import JobCreate, JobPublic, RunPublic, job_public, open_run
 from app.api.schemas.pages import IncludePayload, Page, page_of, rows_within_budget
 from app.domain.health import Health
@@ -114,7 +115,7 @@ async def list_jobs(
         Health | None, Query(description="Only the jobs showing this health (e.g. `failing`: README, Schedule health)")
     ] = None,
     q: Annotated[
-        str | None,
+        PlainText | None,
         Query(min_length=1, max_length=200, description="A job id, or part of a job's name or schedule key (any case)"),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,

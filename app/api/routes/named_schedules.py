@@ -15,6 +15,7 @@ from app.api.chains import cancel_chain_below
 from app.api.deps import CallerDep, Conn, LabelFilter, QuotasDep, SettingsDep, TenantId
 from app.api.errors import Problem
 from app.api.schedule_upserts import check_key, etag, put_schedule, schedule_definition
+from app.api.schemas.inputs import PlainText
 from app.api.schemas.jobs import JobCreate, JobPublic, NamedSchedule, job_public
 from app.api.schemas.pages import Page, page_of
 from app.store import jobs as store
@@ -50,7 +51,7 @@ async def _answered(conn: Conn, tenant_id: uuid.UUID, row: RowMapping) -> RowMap
 async def list_named_schedules(
     tenant_id: TenantId,
     conn: Conn,
-    set_name: Annotated[str | None, Query(alias="set", description="Only the schedules of this set")] = None,
+    set_name: Annotated[PlainText | None, Query(alias="set", description="Only the schedules of this set")] = None,
     labels: LabelFilter = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 200,
     cursor: str | None = None,
