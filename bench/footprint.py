@@ -6,7 +6,11 @@ then. The database is migrated first and the roles start with CRONHOOK_AUTO_MIGR
 as behind a deployment's `cronhook migrate` step. A scheduler is started with --processes 1,
 so the figure is one scheduler process.
 
-Reported per role: the median and the spread over the rounds; JSON on the last line.
+Reported per role: the median and the spread over the rounds; JSON on the last line. Also per
+role, `libraries_rss_mb`: the resident memory of a fresh interpreter that imports only the
+third-party modules (those under site-packages) the role's modules load, and none of
+cronhook's. It is the floor under the role's figure for as long as it runs on those libraries:
+what is above it is cronhook's own code, data and connections.
 
     .venv/bin/python bench/footprint.py
     .venv/bin/python bench/footprint.py --cronhook-bin /tmp/other-tree/.venv/bin/cronhook
@@ -16,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +41,45 @@ from harness import (
 )
 
 ROLES = {"scheduler": "scheduler --processes 1", "reaper": "reaper", "api": "api"}
+# What each role's process imports by the time it idles (app/cli.py, app/services/startup.py).
+ROLE_MODULES = {
+    "scheduler": "app.cli app.runtime app.services.startup app.services.scheduler app.services.backlog",
+    "reaper": "app.cli app.runtime app.services.startup app.services.reaper",
+    "api": "app.cli app.runtime app.services.startup app.serve app.api.app",
+}
+LIBRARIES_OF = """
+import importlib, json, sys, sysconfig
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+site = sysconfig.get_paths()["purelib"]
+print(json.dumps(sorted(n for n, m in list(sys.modules.items())
+                        if (getattr(m, "__file__", None) or "").startswith(site) and not n.startswith("app."))))
+"""
+RSS_AFTER_IMPORTING = """
+import importlib, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024)
+"""
+
+
+def libraries_rss_mb(python: str, role: str) -> float:
+    """The RSS of a fresh `python` that imports the third-party modules `role` loads."""
+
+    def run(script: str, *names: str) -> str:
+        lines = subprocess.run([python, "-P", "-c", script, *names], capture_output=True, text=True, check=True)
+        return lines.stdout.splitlines()[-1]
+
+    libraries = json.loads(run(LIBRARIES_OF, *ROLE_MODULES[role].split()))
+    return float(run(RSS_AFTER_IMPORTING, *libraries))
+
+
+def python_of(cronhook_bin: str) -> str:
+    """The interpreter of the tree whose `cronhook` is measured: this venv's for `cronhook`
+    (as Service runs it), else the one beside the given executable."""
+    if cronhook_bin == "cronhook":
+        return sys.executable
+    return str(Path(cronhook_bin).parent / "python")
 
 
 def measure_role(args: argparse.Namespace, url: str, workdir: Path, role: str, round_no: int) -> dict[str, float]:
@@ -72,9 +118,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "rss_mb": summary([r["rss_mb"] for r in runs], 1),
             "start_cpu_s": summary([r["cpu_s"] for r in runs], 2),
             "ready_s": summary([r["ready_s"] for r in runs], 2),
+            "libraries_rss_mb": round(libraries_rss_mb(python_of(args.cronhook_bin), role), 1),
         }
         print(
-            f"{role:>9}: RSS {result[role]['rss_mb']['median']} MB, start-up CPU "
+            f"{role:>9}: RSS {result[role]['rss_mb']['median']} MB (its libraries alone: "
+            f"{result[role]['libraries_rss_mb']} MB), start-up CPU "
             f"{result[role]['start_cpu_s']['median']} s, ready in {result[role]['ready_s']['median']} s"
         )
     return result

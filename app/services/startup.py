@@ -1,25 +1,28 @@
 """Starting and stopping a process's background services, one way for every caller: the
-`scheduler` and `reaper` roles (app/cli.py) and `cronhook up` (the API's lifespan)."""
+`scheduler` and `reaper` roles (app/cli.py) and `cronhook up` (the API's lifespan).
+
+The scheduler's and the reaper's modules are imported only by a process that runs them: an
+API process (`cronhook api`, the workers of `cronhook up --workers`) starts the database
+watchers alone, and the scheduler's delivery stack would only add to its memory."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.watch import DB_WATCH
 from app.keyring import KeyRing
 from app.logs import log_event
-from app.services.backlog import BacklogSampler
 from app.services.db_health import CommitProbe, StallReporter
 from app.services.loop import run_forever
-from app.services.reaper import Reaper, ReaperConfig
-from app.services.scheduler import Scheduler
-from app.services.scheduler_config import SchedulerConfig
 from app.settings import Settings
-from app.store.completions import async_completion_in_use
 from app.store.rescues import replica_session_name
+
+if TYPE_CHECKING:
+    from app.services.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +97,10 @@ def start_services(
     watchers.append(asyncio.create_task(run_forever(reporter, stop, health_logger)))
     running_scheduler = None
     if scheduler:
+        from app.services.backlog import BacklogSampler
+        from app.services.scheduler import Scheduler
+        from app.services.scheduler_config import SchedulerConfig
+
         if settings.public_url is None:
             watchers.append(asyncio.create_task(warn_if_async_unreachable(engine, settings)))
         running_scheduler = Scheduler(engine, SchedulerConfig.from_settings(settings), key_ring)
@@ -101,6 +108,8 @@ def start_services(
         sampler = BacklogSampler(engine, running_scheduler.ownership)
         tasks.append(asyncio.create_task(run_forever(sampler, stop, logging.getLogger("app.services.backlog"))))
     if reaper:
+        from app.services.reaper import Reaper, ReaperConfig
+
         service = Reaper(engine, ReaperConfig.from_settings(settings), key_ring)
         tasks.append(asyncio.create_task(run_forever(service, stop, logging.getLogger("app.services.reaper"))))
     return Services(tasks, running_scheduler, grace_s=settings.max_target_timeout_s, stop=stop, watchers=watchers)
@@ -110,6 +119,8 @@ async def warn_if_async_unreachable(engine: AsyncEngine, settings: Settings) -> 
     """Async deliveries carry a completion URL on CRONHOOK_PUBLIC_URL; unset, it names this
     machine's API address, which a receiver elsewhere cannot reach: say so at start-up while
     any target or job is in async mode."""
+    from app.store.completions import async_completion_in_use
+
     try:
         async with engine.connect() as conn:
             in_use = await async_completion_in_use(conn)

@@ -1,7 +1,9 @@
 """Each `cronhook` process loads what its role needs (app/entry.py, app/cli.py, app/serve.py):
 a scheduler or reaper process never imports the API stack, the client's HTTP library,
-aiohttp or Alembic, so it starts in about half the CPU time and with less memory; a client verb never
-imports the database stack. Checked in a fresh interpreter, as the executable starts."""
+aiohttp or Alembic, so it starts in about half the CPU time and with less memory; an API
+process never imports the scheduler's or the reaper's services (app/services/startup.py); a
+client verb never imports the database stack. Checked in a fresh interpreter, as the
+executable starts."""
 
 from __future__ import annotations
 
@@ -23,19 +25,28 @@ else:
     import app.cli
     app.cli._parser(client_verbs=words[0] not in app.cli._SERVICE_VERBS)
     import app.services.startup, app.runtime
-print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
+    if words[0] == "api":
+        import app.serve, app.api.app
+    else:  # what start_services imports for the role it runs
+        import app.services.scheduler, app.services.reaper
+print(json.dumps(sorted(sys.modules)))
 """
 
 API_STACK = {"fastapi", "starlette", "uvicorn", "jinja2"}
 CLIENT_STACK = {"httpx", "rich", "yaml"}
 
 
-def loaded(*words: str) -> set[str]:
+def loaded_modules(*words: str) -> set[str]:
     # -P: the checkout's directory is not put first on the path (as for the installed command).
     out = subprocess.run(
         [sys.executable, "-P", "-c", PROBE, *words], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     return set(json.loads(out.splitlines()[-1]))
+
+
+def loaded(*words: str) -> set[str]:
+    """The top-level packages."""
+    return {name.split(".")[0] for name in loaded_modules(*words)}
 
 
 @pytest.mark.parametrize("role", ["scheduler", "reaper"])
@@ -44,6 +55,13 @@ def test_a_scheduler_or_reaper_process_loads_neither_the_api_nor_the_client_stac
     assert "sqlalchemy" in packages and "asyncpg" in packages  # the probe did load the role
     unneeded = API_STACK | CLIENT_STACK | {"alembic", "aiohttp"}
     assert not packages & unneeded, packages & unneeded
+
+
+def test_an_api_process_loads_neither_the_scheduler_nor_the_reaper() -> None:
+    modules = loaded_modules("api")
+    assert "app.api.app" in modules and "app.services.db_health" in modules  # the probe did load the role
+    services = {"app.services.scheduler", "app.services.dispatcher", "app.services.webhook_http", "app.services.reaper"}
+    assert not modules & services, modules & services
 
 
 def test_a_client_verb_loads_no_database_stack() -> None:
