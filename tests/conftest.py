@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -253,6 +254,20 @@ async def client(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx
     app = create_app(settings, engine=engine)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://cronhook.test") as http:
+        yield http
+
+
+# The operator's key (CRONHOOK_ADMIN_API_KEY) of `admin_client`, and its Authorization header.
+ADMIN_KEY = "adm_" + "a" * 32
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+@pytest.fixture
+async def admin_client(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
+    """The API with an admin key set: `/v1/admin/...` (tenant keys, limits, pauses) answers ADMIN."""
+    settings.admin_api_key = SecretStr(ADMIN_KEY)
+    app = create_app(settings, engine=engine)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test") as http:
         yield http
 
 

@@ -9,40 +9,31 @@ import datetime as dt
 import inspect
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks.webhooks import Webhook
 
-from app.api.app import create_app
 from app.services.hold_watch import hold_watch_once
 from app.services.reaper import Reaper, ReaperConfig
 from app.services.scheduler import Scheduler
-from app.settings import Settings
 from app.store.job_rows import job_is_held
 from app.store.jobs import db_now
 from app.store.tables import jobs, targets
 from app.store.tables_watch import event_subscriptions
-from tests.conftest import TEST_KEY_RING, make_job, make_target, new_tenant
+from tests.conftest import ADMIN, TEST_KEY_RING, make_job, make_target, new_tenant
 from tests.e2e.test_delivery import drive, get_job, get_runs
 from tests.receiver import Received, Receiver, Reply, wait_for
 
-ADMIN_KEY = "adm_" + "h" * 32
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
 
 @pytest.fixture
-async def api(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
+def api(admin_client: httpx.AsyncClient) -> httpx.AsyncClient:
     """The API with the admin key set (tenant pauses)."""
-    settings.admin_api_key = SecretStr(ADMIN_KEY)
-    app = create_app(settings, engine=engine)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test") as http:
-        yield http
+    return admin_client
 
 
 def at(receiver: Receiver, path: str) -> list[Received]:

@@ -10,7 +10,6 @@ import os
 import shutil
 import sys
 import zlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -18,23 +17,11 @@ import pytest
 from pydantic import SecretStr, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.api.app import create_app
 from app.runtime import Runtime
 from app.settings import Settings
+from tests.conftest import ADMIN
 
-ADMIN_KEY = "adm_" + "x" * 32
 CRONHOOK = shutil.which("cronhook") or str(Path(sys.executable).with_name("cronhook"))
-
-
-@pytest.fixture
-async def admin_client(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
-    settings.admin_api_key = SecretStr(ADMIN_KEY)
-    app = create_app(settings, engine=engine)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test") as http:
-        yield http
-
-
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 async def test_a_created_key_is_recognisable_listed_and_revoked_at_once(admin_client: httpx.AsyncClient) -> None:

@@ -6,37 +6,21 @@ watch's edges (app/services/health_watch.py) driven by a job's record, set with 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
-from pydantic import SecretStr
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.api.app import create_app
 from app.domain.health import HealthDefaults
 from app.services.health_watch import health_watch_once
-from app.settings import Settings
 from app.store.health import job_count_by_health
 from app.store.tables import jobs, targets
 from app.store.tables_watch import event_subscriptions
-from tests.conftest import make_job, make_target, new_tenant
+from tests.conftest import ADMIN, make_job, make_target, new_tenant
 from tests.problems import assert_problem, row_counts
 
-ADMIN_KEY = "adm_" + "h" * 32
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 DEFAULTS = HealthDefaults()
-
-
-@pytest.fixture
-async def admin_client(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
-    """The API with an admin key (for the tenant limits)."""
-    settings.admin_api_key = SecretStr(ADMIN_KEY)
-    app = create_app(settings, engine=engine)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test") as http:
-        yield http
 
 
 async def record(engine: AsyncEngine, job_id: str, **values: Any) -> None:

@@ -9,38 +9,30 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.api.app import create_app
 from app.db.engine import create_engine
 from app.services.hold_watch import hold_watch_once
-from app.settings import Settings
 from app.store.claims import _lease_limited, job_claim_batch
 from app.store.job_rows import job_is_held
 from app.store.tables import jobs, targets
 from app.store.tables_watch import event_subscriptions
-from tests.conftest import TEST_KEY_RING, make_job, make_target, new_tenant
+from tests.conftest import ADMIN, TEST_KEY_RING, make_job, make_target, new_tenant
 from tests.problems import assert_problem
 from tests.receiver import wait_for
 
-ADMIN_KEY = "adm_" + "p" * 32
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 URL = "http://127.0.0.1:9/hook"
 
 
 @pytest.fixture
-async def api(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
-    settings.admin_api_key = SecretStr(ADMIN_KEY)
-    app = create_app(settings, engine=engine)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test") as http:
-        yield http
+def api(admin_client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """The API with the admin key set (tenant pauses)."""
+    return admin_client
 
 
 async def job_rows(engine: AsyncEngine, target_id: str) -> list[Any]:

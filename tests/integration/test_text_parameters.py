@@ -5,28 +5,12 @@ to PostgreSQL made a 500 (found by the schema fuzzer on `GET /v1/jobs?q=`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
-import pytest
-from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.api.app import create_app
-from app.settings import Settings
+from tests.conftest import ADMIN
 from tests.problems import assert_problem
 
-ADMIN_KEY = "adm_" + "t" * 32
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 BAD = ("a%00b", "%00", "a%01b", "a%7Fb")
-
-
-@pytest.fixture
-async def admin_client(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
-    settings.admin_api_key = SecretStr(ADMIN_KEY)
-    app = create_app(settings, engine=engine)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cronhook.test") as http:
-        yield http
 
 
 async def test_a_tenants_free_text_parameters_refuse_nul_and_control_characters(
