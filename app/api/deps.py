@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.types import Scope
@@ -24,7 +24,7 @@ from starlette.types import Scope
 from app.api.errors import Problem
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from app.api.quotas import Quotas
-from app.api.schemas.inputs import label_filter
+from app.api.schemas.inputs import PlainText, label_filter
 from app.db.errors import once_more_if_dead
 from app.db.watch import DB_WATCH
 from app.keyring import KeyRing
@@ -236,3 +236,7 @@ async def label_selectors(
 
 
 LabelFilter = Annotated[dict[str, str] | None, Depends(label_selectors)]
+
+# A tenant named in an admin path (`/v1/admin/tenants/{tenant}/...`): its name as given to
+# `cronhook api-key create` or the admin API, plain text (a NUL would fail in the database).
+TenantPath = Annotated[PlainText, Path(min_length=1, max_length=200, description="The tenant's name")]

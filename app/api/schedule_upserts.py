@@ -54,7 +54,7 @@ _RECURRENCE = RECURRENCE_FIELDS
 
 
 def check_key(key: str) -> None:
-    if not _KEY.match(key):
+    if not _KEY.fullmatch(key):  # not .match: `$` matches before a final newline
         raise Problem(
             422, "must match [a-z0-9][a-z0-9._-]{0,199}: lower-case letters, digits, '.', '_', '-'", field="key"
         )

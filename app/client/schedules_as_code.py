@@ -108,14 +108,14 @@ def parse_schedule_file(name: str, text: str, default_set: str) -> ScheduleFile:
     unknown = [key for key in root if key not in TOP_LEVEL]
     errors += [document.error((key,), f"unknown key: a file holds {', '.join(TOP_LEVEL)}") for key in unknown]
     set_name = root.get("set", default_set)
-    if not isinstance(set_name, str) or not KEY_PATTERN.match(set_name):
+    if not isinstance(set_name, str) or not KEY_PATTERN.fullmatch(set_name):
         whose = "" if "set" in root else " (the file's name: give `set:`)"
         errors.append(document.error(("set",), f"{set_name!r}{whose} must match {KEY_PATTERN.pattern}"))
     targets = document.mappings(("targets",), "by name", errors)
     schedules = document.mappings(("schedules",), "by key", errors)
     errors += [document.error(("targets", t), "needs a url") for t, fields in targets.items() if "url" not in fields]
     for key, fields in schedules.items():
-        if not KEY_PATTERN.match(key):
+        if not KEY_PATTERN.fullmatch(key):  # not .match: `$` matches before a final newline
             errors.append(document.error(("schedules", key), f"the key must match {KEY_PATTERN.pattern}"))
         errors += [
             document.error(("schedules", key, given), f"not in a file: it is {instead}")

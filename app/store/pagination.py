@@ -8,6 +8,8 @@ import json
 import uuid
 from typing import Any
 
+from app.domain.payload import is_storable_text
+
 # Cursors are opaque but come from clients: keep them within what PostgreSQL can compare.
 MIN_TIME = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 MAX_TIME = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
@@ -56,8 +58,10 @@ def decode_text_cursor(cursor: str) -> str:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         (value,) = json.loads(base64.urlsafe_b64decode(padded))
-        if not isinstance(value, str):
-            raise TypeError("cursor value must be a string")
+        # A key is storable text: a NUL (PostgreSQL text cannot hold it) would make the
+        # comparison fail in the database instead of here.
+        if not isinstance(value, str) or not is_storable_text(value):
+            raise TypeError("cursor value must be a key")
         return value
     except (ValueError, TypeError) as exc:
         raise InvalidCursor("invalid cursor") from exc

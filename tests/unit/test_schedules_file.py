@@ -279,3 +279,17 @@ def test_the_clients_copies_of_the_api_rules_match_the_api() -> None:
     assert set(as_code.EXPORTED_TARGET_FIELDS) == set(DEFINITION) - {"headers"}
     defaults = definition_of(TargetDefinition(url="https://billing.example.com"), Settings())
     assert as_code.TARGET_DEFAULTS == {k: v for k, v in defaults.items() if k not in ("url", "timeout_s")}
+
+
+def test_a_key_or_set_name_with_a_trailing_newline_is_refused_before_anything_is_put() -> None:
+    # A regex's `$` matches before a final newline: checked with it, "nightly\n" passed.
+    text = (
+        'set: "nightly\\n"\n'
+        "targets:\n  billing:\n    url: https://billing.example.com\n"
+        'schedules:\n  "daily\\n":\n    target: billing\n    every_s: 60\n'
+    )
+    pattern = as_code.KEY_PATTERN.pattern
+    assert errors_of(text) == [
+        f"schedules.yaml:1: set: 'nightly\\n' must match {pattern}",
+        f"schedules.yaml:6: schedules.daily\n: the key must match {pattern}",
+    ]

@@ -7,11 +7,11 @@ import dataclasses
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
 from app.api.audit import request_id_of
-from app.api.deps import Admin, Conn, QuotasDep, SettingsDep
+from app.api.deps import Admin, Conn, QuotasDep, SettingsDep, TenantPath
 from app.api.errors import Problem
 from app.api.quotas import Quotas
 from app.api.schemas.health import MAX_CONSECUTIVE_FAILURES, MAX_SUCCESS_WITHIN_S
@@ -47,7 +47,6 @@ class TenantLimitsOverrides(TenantLimitsUpdate):
 
 
 TenantName = Annotated[PlainText | None, Query(min_length=1, max_length=200, description="Only this tenant's keys")]
-TenantPath = Annotated[PlainText, Path(min_length=1, max_length=200, description="The tenant's name")]
 
 
 async def _audit(conn: Conn, request: Request, tenant_id: uuid.UUID, action: str, object_id: object) -> None:

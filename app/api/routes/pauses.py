@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from app.api.audit import Audited, request_id_of
-from app.api.deps import Admin, CallerDep, Conn
+from app.api.deps import Admin, CallerDep, Conn, TenantPath
 from app.api.errors import Problem
 from app.api.schemas.pauses import (
     PauseOptions,
@@ -92,7 +92,9 @@ async def _audit(conn: Conn, request: Request, tenant_id: uuid.UUID, action: str
 
 
 @router.post("/v1/admin/tenants/{tenant}/pause", tags=["admin"], dependencies=[Admin], operation_id="adminPauseTenant")
-async def pause_tenant(tenant: str, conn: Conn, request: Request, body: PauseOptions | None = None) -> TenantPaused:
+async def pause_tenant(
+    tenant: TenantPath, conn: Conn, request: Request, body: PauseOptions | None = None
+) -> TenantPaused:
     """Pauses every target of the tenant (an operator's stop): as a pause of each, but their
     own pauses (and events) unchanged, so that resuming the tenant leaves paused the targets
     its users paused. Pausing it again changes the `reason` and `until` sent."""
@@ -108,7 +110,9 @@ async def pause_tenant(tenant: str, conn: Conn, request: Request, body: PauseOpt
 @router.post(
     "/v1/admin/tenants/{tenant}/resume", tags=["admin"], dependencies=[Admin], operation_id="adminResumeTenant"
 )
-async def resume_tenant(tenant: str, conn: Conn, request: Request, body: ResumeOptions | None = None) -> TenantResumed:
+async def resume_tenant(
+    tenant: TenantPath, conn: Conn, request: Request, body: ResumeOptions | None = None
+) -> TenantResumed:
     """Resumes the tenant and releases the held occurrences of its targets that are not
     paused themselves, as `on_resume` says (each target's at `drain_rate_per_s`)."""
     tenant_id = await _tenant(conn, tenant)

@@ -76,5 +76,8 @@ def label_filter(selectors: list[str] | None) -> dict[str, str] | None:
         key, sep, text = selector.partition("=")
         if not sep or not _LABEL_KEY.fullmatch(key):
             raise ValueError(f"label selector {selector[:80]!r}: give key=value, e.g. team=payments")
+        # No stored label has another value (Labels above), and a NUL would fail in the database.
+        if text and not _LABEL_VALUE.fullmatch(text):
+            raise ValueError(f"label selector {selector[:80]!r}: values are 0-63 of A-Z a-z 0-9 . _ -")
         wanted[key] = text
     return wanted
