@@ -8,9 +8,10 @@ so the figure is one scheduler process.
 
 Reported per role: the median and the spread over the rounds; JSON on the last line. Also per
 role, `libraries_rss_mb`: the resident memory of a fresh interpreter that imports only the
-third-party modules (those under site-packages) the role's modules load, and none of
-cronhook's. It is the floor under the role's figure for as long as it runs on those libraries:
-what is above it is cronhook's own code, data and connections.
+third-party modules (neither the standard library's nor cronhook's) the role loads: those its
+modules import, and uvloop and uvicorn's protocol modules, which it loads once running. It is
+the floor under the role's figure for as long as it runs on those libraries: what is above it
+is cronhook's own code, data and connections.
 
     .venv/bin/python bench/footprint.py
     .venv/bin/python bench/footprint.py --cronhook-bin /tmp/other-tree/.venv/bin/cronhook
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,44 +43,68 @@ from harness import (
 )
 
 ROLES = {"scheduler": "scheduler --processes 1", "reaper": "reaper", "api": "api"}
-# What each role's process imports by the time it idles (app/cli.py, app/services/startup.py).
+# What each role's process imports by the time it idles (app/cli.py, app/services/startup.py),
+# with what it loads once running: uvloop (app/event_loop.py), and uvicorn's protocol and
+# lifespan modules for the API.
+RUNNING = "uvloop"
 ROLE_MODULES = {
-    "scheduler": "app.cli app.runtime app.services.startup app.services.scheduler app.services.backlog",
-    "reaper": "app.cli app.runtime app.services.startup app.services.reaper",
-    "api": "app.cli app.runtime app.services.startup app.serve app.api.app",
+    "scheduler": f"app.cli app.runtime app.services.startup app.services.scheduler app.services.backlog {RUNNING}",
+    "reaper": f"app.cli app.runtime app.services.startup app.services.reaper {RUNNING}",
+    "api": f"app.cli app.runtime app.services.startup app.serve app.api.app {RUNNING} "
+    "uvicorn.protocols.http.httptools_impl uvicorn.lifespan.on",
 }
+# The third-party modules: neither the standard library's nor cronhook's.
 LIBRARIES_OF = """
-import importlib, json, sys, sysconfig
+import importlib, json, sys
 for name in sys.argv[1:]:
     importlib.import_module(name)
-site = sysconfig.get_paths()["purelib"]
-print(json.dumps(sorted(n for n, m in list(sys.modules.items())
-                        if (getattr(m, "__file__", None) or "").startswith(site) and not n.startswith("app."))))
+own = set(sys.stdlib_module_names) | set(sys.builtin_module_names) | {"app", "__main__", "_distutils_hack"}
+print(json.dumps(sorted(n for n in list(sys.modules) if n.split(".")[0] not in own)))
 """
+# A few names in sys.modules are not importable by name (`__mp_main__`, Cython's runtime
+# modules, attributes that extensions register as modules); their packages load them.
 RSS_AFTER_IMPORTING = """
 import importlib, sys
 for name in sys.argv[1:]:
-    importlib.import_module(name)
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
 print(int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024)
 """
 
 
-def libraries_rss_mb(python: str, role: str) -> float:
-    """The RSS of a fresh `python` that imports the third-party modules `role` loads."""
+def libraries_rss_mb(python: str, role: str) -> float | None:
+    """The RSS of a fresh `python` that imports the third-party modules `role` loads; None when
+    that tree cannot say (one without a module named in ROLE_MODULES)."""
 
     def run(script: str, *names: str) -> str:
-        lines = subprocess.run([python, "-P", "-c", script, *names], capture_output=True, text=True, check=True)
-        return lines.stdout.splitlines()[-1]
+        # -P: the working directory's `app` must not stand in for the measured tree's.
+        done = subprocess.run(
+            [python, "-P", "-c", script, *names], capture_output=True, text=True, check=True, timeout=120
+        )
+        return done.stdout.splitlines()[-1]
 
-    libraries = json.loads(run(LIBRARIES_OF, *ROLE_MODULES[role].split()))
-    return float(run(RSS_AFTER_IMPORTING, *libraries))
+    try:
+        libraries = json.loads(run(LIBRARIES_OF, *ROLE_MODULES[role].split()))
+        return round(float(run(RSS_AFTER_IMPORTING, *libraries)), 1)
+    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        stderr = getattr(exc, "stderr", "") or ""
+        print(f"{role}: its libraries' RSS not measured: {type(exc).__name__} {stderr[-300:]}", file=sys.stderr)
+        return None
 
 
 def python_of(cronhook_bin: str) -> str:
     """The interpreter of the tree whose `cronhook` is measured: this venv's for `cronhook`
-    (as Service runs it), else the one beside the given executable."""
+    (as Service runs it), else the one the given executable's first line names."""
     if cronhook_bin == "cronhook":
         return sys.executable
+    found = shutil.which(cronhook_bin)
+    if found is not None:
+        with open(found, "rb") as script:
+            first = script.readline().decode(errors="replace")
+        if first.startswith("#!") and len(first.split()) == 1:
+            return first[2:].strip()
     return str(Path(cronhook_bin).parent / "python")
 
 
@@ -118,7 +144,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "rss_mb": summary([r["rss_mb"] for r in runs], 1),
             "start_cpu_s": summary([r["cpu_s"] for r in runs], 2),
             "ready_s": summary([r["ready_s"] for r in runs], 2),
-            "libraries_rss_mb": round(libraries_rss_mb(python_of(args.cronhook_bin), role), 1),
+            "libraries_rss_mb": libraries_rss_mb(python_of(args.cronhook_bin), role),
         }
         print(
             f"{role:>9}: RSS {result[role]['rss_mb']['median']} MB (its libraries alone: "

@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import FromClause, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
 from app.settings import Settings
 from app.store.tables import audit_log, jobs, targets
-from tests.conftest import make_target
-
-ADMIN_KEY = "adm_" + "q" * 32
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+from tests.conftest import ADMIN, make_target
 
 
 def _client(settings: Settings, engine: AsyncEngine) -> httpx.AsyncClient:
@@ -30,10 +25,9 @@ def _client(settings: Settings, engine: AsyncEngine) -> httpx.AsyncClient:
 
 
 @pytest.fixture
-async def api(settings: Settings, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
-    settings.admin_api_key = SecretStr(ADMIN_KEY)
-    async with _client(settings, engine) as http:
-        yield http
+def api(admin_client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """The API with the admin key set (tenant keys and limits)."""
+    return admin_client
 
 
 async def _tenant(api: httpx.AsyncClient, name: str, **limits: Any) -> dict[str, str]:
