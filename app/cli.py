@@ -13,8 +13,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from app import __version__
-from app.cli_security import add_security_commands
-from app.cron_check import DEFAULT_FIRES, cron_check, fires_arg
 from app.health_check import add_arguments as add_health_arguments
 from app.health_check import check as check_health
 from app.health_check import default_url as default_health_url
@@ -32,10 +30,7 @@ logger = logging.getLogger("app.cli")
 def main(argv: list[str] | None = None) -> None:
     attach_to_parent()  # a child of `--processes`/`--workers`: stop with the parent
     words = sys.argv[1:] if argv is None else argv
-    # A service role's parser leaves the client verbs out: their modules (httpx, rich, YAML)
-    # would only weigh on every scheduler and reaper process (app/entry.py runs them itself).
-    parser = _parser(client_verbs=not words or words[0] not in _SERVICE_VERBS)
-    args = parser.parse_args(argv)
+    args = parser_for(words).parse_args(argv)
     if getattr(args, "client", False):
         # Client verbs talk to a server (CRONHOOK_URL, CRONHOOK_API_KEY); no service settings.
         from app.client.commands import run_client_command
@@ -85,9 +80,21 @@ _OPENS_SECRETS = frozenset({"up", "api", "scheduler", "reaper", "migrate", "secr
 
 # The verbs that are not the client's: run in-process, with the service settings.
 _SERVICE_VERBS = frozenset({"up", "api", "scheduler", "reaper", "migrate", "openapi", "health", "cron-check"})
+# The verbs that run until stopped.
+_ROLE_VERBS = frozenset({"up", "api", "scheduler", "reaper"})
 
 
-def _parser(client_verbs: bool = True) -> argparse.ArgumentParser:
+def parser_for(words: list[str]) -> argparse.ArgumentParser:
+    """The parser for a command line, holding only what its verb may need. A service verb's
+    leaves the client verbs out: their modules (httpx, rich, YAML) would only weigh on every
+    scheduler and reaper process (app/entry.py runs them itself). A long-running role's also
+    leaves out the operator's commands (API keys, secrets, cron-check), whose store and quota
+    modules it would otherwise carry for its lifetime."""
+    first = words[0] if words else None
+    return _parser(client_verbs=first not in _SERVICE_VERBS, operator_verbs=first not in _ROLE_VERBS)
+
+
+def _parser(client_verbs: bool = True, operator_verbs: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cronhook", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cronhook {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -113,7 +120,10 @@ def _parser(client_verbs: bool = True) -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply database migrations").set_defaults(func=_cmd_migrate)
     sub.add_parser("openapi", help="print the OpenAPI document").set_defaults(func=_cmd_openapi)
 
-    add_security_commands(sub)
+    if operator_verbs:
+        from app.cli_security import add_security_commands
+
+        add_security_commands(sub)
 
     health = sub.add_parser(
         "health",
@@ -126,10 +136,15 @@ def _parser(client_verbs: bool = True) -> argparse.ArgumentParser:
 
         add_client_commands(sub)
 
-    check = sub.add_parser("cron-check", help="list cron jobs whose fire times changed with Vixie cron semantics")
-    check.add_argument("--fires", type=fires_arg, default=DEFAULT_FIRES, help="fire times compared per job (1-1000)")
-    check.add_argument("--json", action="store_true", help="one JSON object per job, a summary last")
-    check.set_defaults(func=_cmd_cron_check)
+    if operator_verbs:
+        from app.cron_check import DEFAULT_FIRES, fires_arg
+
+        check = sub.add_parser("cron-check", help="list cron jobs whose fire times changed with Vixie cron semantics")
+        check.add_argument(
+            "--fires", type=fires_arg, default=DEFAULT_FIRES, help="fire times compared per job (1-1000)"
+        )
+        check.add_argument("--json", action="store_true", help="one JSON object per job, a summary last")
+        check.set_defaults(func=_cmd_cron_check)
     return parser
 
 
@@ -251,6 +266,8 @@ def _cmd_openapi(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _cmd_cron_check(settings: Settings, args: argparse.Namespace) -> None:
+    from app.cron_check import cron_check
+
     changed = 0
 
     async def body(runtime: Runtime, stop: asyncio.Event) -> None:

@@ -23,7 +23,7 @@ if words[0] in app.entry.CLIENT_VERBS:
     import app.client.commands
 else:
     import app.cli
-    app.cli._parser(client_verbs=words[0] not in app.cli._SERVICE_VERBS)
+    app.cli.parser_for(words)
     import app.services.startup, app.runtime
     if words[0] == "api":
         import app.serve, app.api.app
@@ -55,6 +55,24 @@ def test_a_scheduler_or_reaper_process_loads_neither_the_api_nor_the_client_stac
     assert "sqlalchemy" in packages and "asyncpg" in packages  # the probe did load the role
     unneeded = API_STACK | CLIENT_STACK | {"alembic", "aiohttp"}
     assert not packages & unneeded, packages & unneeded
+
+
+@pytest.mark.parametrize("role", ["scheduler", "reaper", "api", "up"])
+def test_a_long_running_role_loads_no_operator_command(role: str) -> None:
+    modules = loaded_modules(role)
+    assert "app.runtime" in modules  # the probe did load the role
+    operator = {"app.cli_security", "app.cron_check", "app.store.cron_jobs"}
+    assert not modules & operator, modules & operator
+    if role in ("scheduler", "reaper"):
+        assert "app.api.quotas" not in modules and "app.api" not in modules
+
+
+def test_an_operator_command_still_parses() -> None:
+    """The verbs a role's parser leaves out are there for everyone else."""
+    import app.cli
+
+    for words in (["api-key", "list"], ["cron-check", "--fires", "3"], ["secrets", "rotate"]):
+        assert app.cli.parser_for(words).parse_args(words).command == words[0]
 
 
 def test_an_api_process_loads_neither_the_scheduler_nor_the_reaper() -> None:
