@@ -12,12 +12,12 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import early_stop, event_loop
-from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine
 from app.db.errors import is_transient_db_error, outage_reason
 from app.keyring import KeyRing, KeyRingError
@@ -26,6 +26,9 @@ from app.settings import Settings
 from app.store.rescues import replica_session_name
 from app.store.target_secrets import target_secret_key_ids, target_secrets_reseal
 from app.store.tenants import api_key_ensure_bootstrap, tenant_ensure
+
+if TYPE_CHECKING:
+    from app.db.embedded import EmbeddedPostgres
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,10 @@ class Runtime:
     async def start(self, migrate: bool | None = None) -> AsyncEngine:
         url: str | URL | None = self.settings.database
         if url is None:
+            # Imported only here: a process on a deployment's database (every role behind a
+            # CRONHOOK_DATABASE_URL, and `cronhook up`'s children) never needs it or psutil.
+            from app.db.embedded import EmbeddedPostgres
+
             self._embedded = EmbeddedPostgres(self.settings.data_dir)
             url = await asyncio.to_thread(self._embedded.start)
         self._engine = create_engine(

@@ -63,6 +63,8 @@ def test_a_long_running_role_loads_no_operator_command(role: str) -> None:
     assert "app.runtime" in modules  # the probe did load the role
     operator = {"app.cli_security", "app.cron_check", "app.store.cron_jobs"}
     assert not modules & operator, modules & operator
+    # The embedded server (and psutil) only for a process that starts one: none on a URL.
+    assert "app.db.embedded" not in modules and "psutil" not in modules
     if role in ("scheduler", "reaper"):
         assert "app.api.quotas" not in modules and "app.api" not in modules
 
