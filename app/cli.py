@@ -120,11 +120,6 @@ def _parser(client_verbs: bool = True, operator_verbs: bool = True) -> argparse.
     sub.add_parser("migrate", help="apply database migrations").set_defaults(func=_cmd_migrate)
     sub.add_parser("openapi", help="print the OpenAPI document").set_defaults(func=_cmd_openapi)
 
-    if operator_verbs:
-        from app.cli_security import add_security_commands
-
-        add_security_commands(sub)
-
     health = sub.add_parser(
         "health",
         help="exit 0 when the server (--server, CRONHOOK_URL, else the local API or role) answers /healthz",
@@ -137,8 +132,10 @@ def _parser(client_verbs: bool = True, operator_verbs: bool = True) -> argparse.
         add_client_commands(sub)
 
     if operator_verbs:
+        from app.cli_security import add_security_commands
         from app.cron_check import DEFAULT_FIRES, fires_arg
 
+        add_security_commands(sub)
         check = sub.add_parser("cron-check", help="list cron jobs whose fire times changed with Vixie cron semantics")
         check.add_argument(
             "--fires", type=fires_arg, default=DEFAULT_FIRES, help="fire times compared per job (1-1000)"

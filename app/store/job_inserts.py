@@ -148,19 +148,22 @@ def create_one_statement(key_checked: bool) -> DriverStatement:
     # target's row is read for its lock anyway, the tenant's is one look-up by key.
     tenant_paused = exists().where(tenants.c.id == _TENANT_ID, tenants.c.paused_at.is_not(None))
     live = live.add_columns(or_(targets.c.paused_at.is_not(None), tenant_paused).label("target_paused"))
-    live_target = live.cte("live_target")
-    values: dict[str, ColumnElement[Any]] = {name: bindparam(name, type_=type_) for name, type_ in NEW_JOB_COLUMNS}
     if key_checked:
         # A job planned against the clock as last seen (`planned_now`, a delay from it) is
         # moved on by how far the database's clock has gone since: due `delay_s` after this
         # statement's now(), as if planned against it. NULL for a job at a given instant.
         # In seconds: a difference of timestamptz counts whole days, and a day added to a
         # timestamptz is a calendar day of the session's TimeZone (23 or 25 h across DST).
+        # Computed once, here; the fire times below add it.
         elapsed_s = func.extract("epoch", func.now() - bindparam("planned_now", type_=_TS))
         in_seconds = elapsed_s * literal_column("interval '1 second'")
         since_planned = func.coalesce(in_seconds, literal_column("interval '0'"), type_=_INTERVAL)
+        live = live.add_columns(since_planned.label("since_planned"))
+    live_target = live.cte("live_target")
+    values: dict[str, ColumnElement[Any]] = {name: bindparam(name, type_=type_) for name, type_ in NEW_JOB_COLUMNS}
+    if key_checked:
         for name in ("schedule_anchor_at", "scheduled_for"):
-            values[name] = values[name] + since_planned
+            values[name] = values[name] + live_target.c.since_planned
     values.update(
         tenant_id=_TENANT_ID,
         payload=cast(values["payload"], JSONB),

@@ -9,11 +9,14 @@ WITH
   (SELECT
      targets.id AS id,
      targets.paused_at IS NOT NULL
-   OR (EXISTS
-         (SELECT *
-          FROM tenants
-          WHERE tenants.id = :tenant_id::UUID
-            AND tenants.paused_at IS NOT NULL)) AS target_paused
+   OR
+     (EXISTS
+        (SELECT *
+         FROM tenants
+         WHERE tenants.id = :tenant_id::UUID
+           AND tenants.paused_at IS NOT NULL)) AS target_paused,
+     coalesce(EXTRACT(epoch
+                      FROM now() - :planned_now::TIMESTAMP WITH TIME ZONE) * interval '1 second', interval '0') AS since_planned
    FROM targets
    WHERE targets.id = :target_id::UUID
      AND targets.tenant_id = :tenant_id::UUID
@@ -40,11 +43,9 @@ WITH
      :timezone::VARCHAR AS timezone,
      :every_s::INTEGER AS every_s,
      :schedule_anchor_at::TIMESTAMP WITH TIME ZONE +
-     coalesce(EXTRACT(epoch
-                      FROM now() - :planned_now::TIMESTAMP WITH TIME ZONE) * interval '1 second', interval '0') AS schedule_anchor_at,
+     live_target.since_planned AS schedule_anchor_at,
      :scheduled_for::TIMESTAMP WITH TIME ZONE +
-     coalesce(EXTRACT(epoch
-                      FROM now() - :planned_now::TIMESTAMP WITH TIME ZONE) * interval '1 second', interval '0') AS scheduled_for,
+     live_target.since_planned AS scheduled_for,
      :occurrence_id::UUID AS occurrence_id,
      :max_attempts::INTEGER AS max_attempts,
      :backoff_base_s::FLOAT AS backoff_base_s,
@@ -76,8 +77,7 @@ WITH
      :on_failure_target_id::UUID AS on_failure_target_id,
      :tenant_id::UUID AS tenant_id,
      CAST(:param_2::VARCHAR AS job_state) AS state,
-     :scheduled_for::TIMESTAMP WITH TIME ZONE + coalesce(EXTRACT(epoch
-                                                                 FROM now() - :planned_now::TIMESTAMP WITH TIME ZONE) * interval '1 second', interval '0') + :fire_delay_ms::INTEGER * interval '1 millisecond' AS run_at
+     :scheduled_for::TIMESTAMP WITH TIME ZONE + live_target.since_planned + :fire_delay_ms::INTEGER * interval '1 millisecond' AS run_at
    FROM live_target ON CONFLICT (
                                    tenant_id,
                                    dedup_key)
