@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app import early_stop, event_loop
 from app.db.engine import create_engine
 from app.db.errors import is_transient_db_error, outage_reason
+from app.db.schema_head import schema_is_current
 from app.keyring import KeyRing, KeyRingError
 from app.logs import log_event, log_once_per_command
 from app.settings import Settings
@@ -95,9 +96,12 @@ class Runtime:
         )
         await self._wait_for_database()
         migrating = self.settings.auto_migrate if migrate is None else migrate
-        if migrating:
-            # Alembic (and Mako) load only in a process that migrates: not in the children of
-            # --processes/--workers, which start with migrations off.
+        if migrating and not await schema_is_current(self._engine):
+            # Alembic (and Mako, and Pygments through it: ~10 MB that stay resident) load only
+            # in a process that migrates: not in the children of --processes/--workers, which
+            # start with migrations off, nor on a database already at this release's schema
+            # (every start but a release's first). A replica that finds the schema behind
+            # while another migrates waits on migrate_to_head's lock, then finds nothing to do.
             from app.db.migrate import migrate_to_head
 
             await migrate_to_head(self._engine)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,46 @@ async def test_the_light_schema_check_agrees_with_alembics(engine: AsyncEngine, 
         assert not await schema_is_current(bare)
     finally:
         await bare.dispose()
+        await admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# A process's start with migrations on (the default), in a fresh interpreter: the database's
+# revision after it, and whether it loaded Alembic (with Mako and Pygments, ~10 MB that stay).
+START = """
+import asyncio, json, sys
+from app.runtime import Runtime
+from app.settings import Settings
+
+async def main():
+    runtime = Runtime(Settings(database_url=sys.argv[1], auto_migrate=True))
+    engine = await runtime.start()
+    from app.db.schema_head import schema_is_current
+    current = await schema_is_current(engine)
+    await runtime.stop()
+    print(json.dumps({"current": current, "alembic": "alembic" in sys.modules, "mako": "mako" in sys.modules}))
+
+asyncio.run(main())
+"""
+
+
+def start_with_migrations_on(url: str) -> dict[str, bool]:
+    out = subprocess.run(
+        [sys.executable, "-c", START, url], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    loaded: dict[str, bool] = json.loads(out.splitlines()[-1])
+    return loaded
+
+
+async def test_a_start_migrates_a_database_behind_and_skips_alembic_on_one_at_head(pg_server_url: str) -> None:
+    """Every replica and restart runs with migrations on by default, and all but a release's
+    first start find the schema current: those need not carry Alembic for their lifetime."""
+    name = new_database_name("_bare")
+    await admin_execute(pg_server_url, f'CREATE DATABASE "{name}"')
+    url = database_url(pg_server_url, name)
+    try:
+        assert start_with_migrations_on(url) == {"current": True, "alembic": True, "mako": True}
+        assert start_with_migrations_on(url) == {"current": True, "alembic": False, "mako": False}
+    finally:
         await admin_execute(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
