@@ -212,13 +212,19 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if ceilings and mine.get("creates_per_s"):
         rates = [c["creates_per_s"] for c in ceilings]
         result["ratio_vs_ceiling"] = {
-            key: round(mine[key] / (sum(c[key] for c in ceilings) / len(ceilings)), 3)
+            key: ratio(mine[key], sum(c[key] for c in ceilings) / len(ceilings))
             for key in ("creates_per_s", "p99_ms", "server_cpu_ms")
         }
         result["ceiling_spread"] = round(max(rates) / min(rates), 3)
     result["cmd"] = args.cronhook_cmd
     result["schedule"] = "delay_s" if args.delay else "run_at"
     return result
+
+
+def ratio(value: float, base: float) -> float | None:
+    """None for a base of 0: CPU comes in 10 ms ticks, which a tiny run (--smoke) can fall
+    short of."""
+    return round(value / base, 3) if base else None
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
