@@ -51,6 +51,7 @@ from harness import (
     percentile,
     positive_int,
     print_result,
+    ratio,
     run_bench,
     stop_process,
     tree_cpu_s,
@@ -219,12 +220,6 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     result["cmd"] = args.cronhook_cmd
     result["schedule"] = "delay_s" if args.delay else "run_at"
     return result
-
-
-def ratio(value: float, base: float) -> float | None:
-    """None for a base of 0: CPU comes in 10 ms ticks, which a tiny run (--smoke) can fall
-    short of."""
-    return round(value / base, 3) if base else None
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -42,6 +42,7 @@ from harness import (
     parse_args,
     positive_int,
     print_result,
+    ratio,
     run_bench,
     target_in_store,
 )
@@ -218,9 +219,7 @@ async def measure(
         "rounds": args.rounds,
         "pg_ms_per_create": medians,
         "saved_ms": saved,
-        # None when the shipped run measured no CPU at all: the process tree's CPU comes in
-        # 10 ms ticks, which a tiny run (--smoke: 20 creates) can fall short of.
-        "saved_pct": {name: round(100 * value / shipped, 1) if shipped else None for name, value in saved.items()},
+        "saved_pct": {name: ratio(100 * value, shipped, 1) for name, value in saved.items()},
         "runs": figures,
     }
 

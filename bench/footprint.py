@@ -4,8 +4,8 @@ times (3), each measured once it answers /healthz and has idled --idle-s (5): th
 start-up took (imports, settings, the database's first round trips) and its resident memory
 then. The database is migrated first and the roles start with CRONHOOK_AUTO_MIGRATE=false,
 as behind a deployment's `cronhook migrate` step; with --auto-migrate they start with the
-default (migrations on), so each finds the schema current itself. A scheduler is started with --processes 1,
-so the figure is one scheduler process.
+default (migrations on), so each finds the schema current itself. A scheduler is started
+with --processes 1, so the figure is one scheduler process.
 
 Reported per role: the median and the spread over the rounds; JSON on the last line. Also per
 role, `libraries_rss_mb`: the resident memory of a fresh interpreter that imports only the

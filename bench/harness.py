@@ -357,6 +357,14 @@ def percentile(sorted_values: Sequence[float], pct: float) -> float:
     return sorted_values[int(rank) - 1]
 
 
+def ratio(value: float | None, base: float | None, digits: int = 3) -> float | None:
+    """value / base, rounded; None when either is missing or the base is 0 (CPU comes in 10 ms
+    ticks, which a tiny run, such as --smoke, can fall short of)."""
+    if value is None or not base:
+        return None
+    return round(value / base, digits)
+
+
 def ms_summary(sorted_seconds: Sequence[float]) -> dict[str, float | None]:
     """p50, p99 and max of sorted durations in seconds, as milliseconds (None when empty)."""
     if not sorted_seconds:

@@ -36,6 +36,7 @@ from harness import (
     parse_args,
     positive_int,
     print_result,
+    ratio,
     run_bench,
     target_in_store,
 )
@@ -184,10 +185,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         finally:
             await engine.dispose()
 
-    def ratio(name: str) -> float | None:
-        a, b = loaded.get(name), empty.get(name)
-        return round(a / b, 2) if a is not None and b else None
-
     return {
         "bench": "quota_scale",
         "database": database.kind,
@@ -197,7 +194,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "empty": empty,
         "loaded": loaded,
         "ratio_loaded_to_empty": {
-            name: ratio(name)
+            name: ratio(loaded.get(name), empty.get(name), 2)
             for name in ("quota_read_ms", "count_ms", "create_p99_ms", "pg_us_per_create", "claim_ms_per_batch")
         },
     }
