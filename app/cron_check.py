@@ -16,8 +16,7 @@ import datetime as dt
 import json
 from typing import TextIO
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from app.db.async_engine import AsyncEngine
 from app.domain.cron import MAX_UPCOMING
 from app.domain.cron_migration import DEFAULT_FIRES, CronChange, compare
 from app.store.cron_jobs import StoredCronJob, cron_job_list_unfinished

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import early_stop, event_loop
+from app.db.async_engine import AsyncEngine
 from app.db.engine import create_engine
 from app.db.errors import is_transient_db_error, outage_reason
 from app.db.schema_head import schema_is_current

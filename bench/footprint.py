@@ -64,8 +64,15 @@ print(json.dumps(sorted(n for n in list(sys.modules) if n.split(".")[0] not in o
 """
 # A few names in sys.modules are not importable by name (`__mp_main__`, Cython's runtime
 # modules, attributes that extensions register as modules); their packages load them.
+# A tree with app/db/async_engine.py loads SQLAlchemy's asyncio package without its __init__
+# (and so without the ORM); the floor loads it the same way, or importing the package by name
+# would bring the ORM back.
 RSS_AFTER_IMPORTING = """
 import importlib, sys
+try:
+    import app.db.async_engine
+except ImportError:
+    pass
 for name in sys.argv[1:]:
     try:
         importlib.import_module(name)

@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -43,6 +42,7 @@ from app.api.routes import (
 )
 from app.api.routes.job_batches import BATCH_PATH
 from app.api.warm_up import warm_up_api
+from app.db.async_engine import AsyncEngine
 from app.db.watch import DB_WATCH
 from app.processes import Supervisor
 from app.runtime import Runtime

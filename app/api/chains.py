@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.deps import in_transaction
 from app.api.errors import Problem
+from app.db.async_engine import AsyncConnection
 from app.domain.chains import MAX_CHAIN_DEPTH, chain_cycle
 from app.domain.states import TERMINAL_STATES
 from app.store.chains import job_chain_ancestors, job_chain_descendants, job_children_live, job_mark_fires_children

@@ -6,9 +6,9 @@ from __future__ import annotations
 import uuid
 
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.errors import Problem
+from app.db.async_engine import AsyncConnection
 from app.domain.payload import PayloadTooLarge, encode_within
 from app.settings import Settings
 from app.store.jobs import job_get

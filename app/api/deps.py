@@ -18,13 +18,13 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.types import Scope
 
 from app.api.errors import Problem
 from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from app.api.quotas import Quotas
 from app.api.schemas.inputs import PlainText, label_filter
+from app.db.async_engine import AsyncConnection, AsyncEngine
 from app.db.errors import once_more_if_dead
 from app.db.watch import DB_WATCH
 from app.keyring import KeyRing

@@ -18,9 +18,9 @@ from typing import Annotated, Any
 
 from fastapi import Header, Response
 from pydantic import AfterValidator, BaseModel
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.errors import Problem
+from app.db.async_engine import AsyncConnection
 from app.logs import log_event
 from app.store.idempotency import (
     idempotency_key_claim,

@@ -8,7 +8,6 @@ import uuid
 from typing import Any
 
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.chains import lock_parent
 from app.api.checks import ensure_payload_fits, require_live_target
@@ -16,6 +15,7 @@ from app.api.errors import Problem
 from app.api.quota_checks import ensure_job_within_quotas
 from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobUpdate
+from app.db.async_engine import AsyncConnection
 from app.domain.chains import ChainOn
 from app.domain.job_plan import CALLBACK_FIELDS, COMPLETION_FIELDS, RECURRENCE_FIELDS, SCHEDULE_FIELDS, plan_expect
 from app.domain.job_updates import Rescheduled, plan_update

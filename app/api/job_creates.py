@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -36,6 +35,7 @@ from app.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from app.api.quota_checks import check_job_within_limits, ensure_job_within_quotas, ensure_room_for_jobs
 from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobCreate, JobPublic, job_public
+from app.db.async_engine import AsyncConnection
 from app.db.errors import is_transient_db_error
 from app.db.watch import DB_WATCH
 from app.domain.job import NewJob

@@ -7,10 +7,9 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from app.api.errors import Problem
 from app.api.quotas import Quotas
+from app.db.async_engine import AsyncConnection
 from app.domain.quotas import TenantLimits, job_violations
 from app.domain.retry import RetryPolicy
 from app.domain.schedule import Schedule

@@ -19,8 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
+from app.db.async_engine import AsyncConnection, AsyncEngine
 from app.db.errors import once_more_if_dead
 from app.domain.quotas import TenantLimits
 from app.settings import Settings, copy_settings

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.chains import cancel_chain_below, lock_parent
 from app.api.checks import ensure_payload_fits
@@ -32,6 +31,7 @@ from app.api.quota_checks import check_job_within_limits, ensure_room_for_jobs
 from app.api.quotas import Quotas
 from app.api.schedule_upserts import check_key, definition_changes, refuse_delay, shown_changes, update_of
 from app.api.schemas.jobs import JobCreate
+from app.db.async_engine import AsyncConnection
 from app.domain.job import NewJob
 from app.domain.job_plan import PlanError, plan_create
 from app.domain.schedule import ScheduleError

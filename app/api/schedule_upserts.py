@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.chains import lock_parent
 from app.api.errors import Problem
@@ -33,6 +32,7 @@ from app.api.job_changes import change_job
 from app.api.job_creates import create_prepared, planned_job
 from app.api.quotas import Quotas
 from app.api.schemas.jobs import JobCreate, JobUpdate
+from app.db.async_engine import AsyncConnection
 from app.domain.job import NewJob
 from app.domain.job_plan import RECURRENCE_FIELDS, PlanError
 from app.domain.schedule import CronSchedule, IntervalSchedule, OnceSchedule

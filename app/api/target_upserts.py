@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api.errors import Problem
 from app.api.quotas import Quotas
 from app.api.schemas.targets import TargetDefinition, TargetUpdate
+from app.db.async_engine import AsyncConnection
 from app.domain.completion import CompletionMode
 from app.keyring import KeyRing
 from app.services.egress_resolver import url_refusal

@@ -11,8 +11,8 @@ import contextlib
 import logging
 
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.async_engine import AsyncEngine
 from app.db.errors import is_transient_db_error, outage_reason
 from app.logs import log_event
 from app.store.job_inserts import job_create_warm_up

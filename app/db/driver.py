@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.expression import Executable
 from sqlalchemy.util import greenlet_spawn
+
+from app.db.async_engine import AsyncConnection
 
 
 @dataclass(frozen=True)

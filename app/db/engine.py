@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from app.db.async_engine import AsyncEngine, create_async_engine
 from app.db.url import parse_database_url
 
 # Execution option of engines whose sessions run on generic plans (create_engine's

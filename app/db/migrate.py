@@ -11,8 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.async_engine import AsyncEngine
 from app.logs import log_event
 
 logger = logging.getLogger(__name__)

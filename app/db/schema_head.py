@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
-from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.async_engine import AsyncEngine
 
 SCHEMA_HEAD = "0024"
 

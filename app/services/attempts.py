@@ -15,9 +15,8 @@ import logging
 import random
 import time
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app import metrics
+from app.db.async_engine import AsyncEngine
 from app.domain.completion import completion_url, mint_token
 from app.domain.job import ClaimedJob, FinishedAttempt, OpenedAttempt
 from app.domain.lifecycle import after_attempt

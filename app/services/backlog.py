@@ -8,8 +8,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from app.db.async_engine import AsyncEngine
 from app.metrics import backlog_observed
 from app.store.backlog import job_backlog_of_partitions
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from app.db.async_engine import AsyncEngine
 from app.domain.events import EventType
 from app.logs import log_event
 from app.store.check_ins import check_emit, check_mark_overdue_down, check_ping_trim

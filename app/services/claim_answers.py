@@ -13,8 +13,7 @@ import logging
 import uuid
 from collections.abc import Iterable
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from app.db.async_engine import AsyncEngine
 from app.db.errors import is_transient_db_error
 from app.logs import log_event
 from app.store.claims import ClaimBatch

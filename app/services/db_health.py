@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from app import metrics
+from app.db.async_engine import AsyncEngine, create_async_engine
 from app.db.watch import DbWatch
 from app.logs import log_event
 from app.store.db_health import database_commit_probe, partition_ownership, schedulers_live, session_waits

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.async_engine import AsyncEngine
 from app.logs import log_event
 from app.store.partitions import PARTITIONS_CHANNEL
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app import metrics
+from app.db.async_engine import AsyncEngine
 from app.domain.health import HealthDefaults
 from app.logs import log_event
 from app.store.health import health_watch_edges, job_count_by_health

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from app.db.async_engine import AsyncEngine
 from app.domain.occurrences import OnResume
 from app.logs import log_event
 from app.store.pauses import (

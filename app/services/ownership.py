@@ -36,8 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from app.db.async_engine import AsyncEngine
 from app.db.watch import DB_WATCH
 from app.domain.partition import PARTITION_COUNT, fair_share
 from app.logs import log_event

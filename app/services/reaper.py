@@ -20,9 +20,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app import metrics
+from app.db.async_engine import AsyncEngine
 from app.db.watch import DB_WATCH
 from app.domain.health import HealthDefaults
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome

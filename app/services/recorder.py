@@ -15,8 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from app.db.async_engine import AsyncEngine
 from app.db.errors import is_transient_db_error
 from app.db.watch import DB_WATCH
 from app.domain.job import FinishedAttempt, OpenedAttempt

@@ -18,9 +18,9 @@ import random
 import time
 import uuid
 
-from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
 
+from app.db.async_engine import AsyncEngine
 from app.db.errors import is_transient_db_error
 from app.db.watch import DB_WATCH
 from app.domain.fair_share import SlotShares, tenant_share_of

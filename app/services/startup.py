@@ -11,8 +11,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from app.db.async_engine import AsyncEngine
 from app.db.watch import DB_WATCH
 from app.keyring import KeyRing
 from app.logs import log_event

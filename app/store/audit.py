@@ -6,8 +6,8 @@ import uuid
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.store.tables import audit_log
 
 AUDIT_COLUMNS = (

@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import SmallInteger, and_, bindparam, func, not_, select
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.states import CLAIMABLE_STATES
 from app.store.tables import jobs
 from app.store.targets import target_saturated_ids

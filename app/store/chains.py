@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 
 from sqlalchemy import Integer, and_, func, literal, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.chains import MAX_CHAIN_DEPTH
 from app.domain.states import TERMINAL_STATES
 from app.store.tables import jobs

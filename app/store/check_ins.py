@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.check_ins import CheckSchedule, CheckState, CheckStatus, PingKind, PingOutcome
 from app.domain.events import EventType
 from app.store.events import event_emit

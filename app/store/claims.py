@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.db.driver import DriverStatement, driver_fetch_all, in_autocommit
 from app.db.engine import GENERIC_PLANS
 from app.domain.fair_share import ClaimShares

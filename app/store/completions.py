@@ -31,8 +31,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.completion import ASYNC_OWNER, CompletionMode
 from app.domain.job import ClaimedJob, OpenedAttempt, RunOutcome
 from app.domain.states import PAUSABLE_STATES, TERMINAL_STATES, JobState

@@ -7,8 +7,8 @@ import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.schedule import ScheduleKind
 from app.domain.states import TERMINAL_STATES
 from app.store.tables import jobs, tenants

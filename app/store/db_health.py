@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Double, Text, column, func, select, table, text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.partition import PARTITION_COUNT
 from app.store.tables import partition_leases, replicas
 

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import Select, Text, and_, cast, column, delete, func, or_, select, update, values
 from sqlalchemy.dialects.postgresql import UUID, insert
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.store.tables import dead_letters, jobs, runs
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.events import EventType
 from app.store.tables_watch import event_subscriptions
 

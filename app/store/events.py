@@ -12,8 +12,8 @@ from typing import Any
 
 from sqlalchemy import Integer, SmallInteger, Text, bindparam, cast, func, literal, literal_column, select
 from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.events import (
     EVENT_BACKOFF_BASE_S,
     EVENT_BACKOFF_FACTOR,

@@ -39,9 +39,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, UUID, insert
-from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
+from app.db.async_engine import AsyncConnection
 from app.domain.events import EventType
 from app.domain.health import ALERT_FAILING, Health, HealthDefaults
 from app.domain.schedule import ScheduleKind

@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import delete, func, null, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.store.tables import idempotency_keys
 
 IDEMPOTENCY_TTL = dt.timedelta(hours=24)

@@ -39,8 +39,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB, UUID, insert
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.db.driver import DriverStatement, driver_fetch_one
 from app.domain.job import NewJob
 from app.domain.retry import RetryPolicy

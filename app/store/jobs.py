@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import Text, and_, case, cast, func, literal, or_, select, update
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.health import Health
 from app.domain.schedule import ScheduleKind
 from app.domain.states import CANCELLABLE_STATES, PAUSABLE_STATES, JobState

@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import case, cast, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
+from app.db.async_engine import AsyncConnection
 from app.domain.fire_times import Skipped
 from app.domain.job import ClaimedJob, RunOutcome
 from app.domain.occurrences import EndReason

@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import DateTime, Double, Integer, Text, bindparam, case, cast, func, literal, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID, insert
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.db.driver import DriverStatement, driver_fetch_all
 from app.domain.chains import PARENT_RESULT, ChainOn, settled_as
 from app.domain.fire_times import Skipped

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
+from app.db.async_engine import AsyncConnection
 from app.domain.states import CLAIMABLE_STATES
 from app.store.tables import jobs, partition_leases, replicas
 

@@ -36,8 +36,8 @@ from typing import Any
 from sqlalchemy import Double, Integer, Text, and_, bindparam, case, func, literal, select, true, union_all, update
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.events import EventType
 from app.domain.occurrences import OnResume
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY

@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import Double, bindparam, cast, func, select, text
 from sqlalchemy.dialects.postgresql import UUID, insert
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.health import TENANT_DEFAULT_FIELDS
 from app.domain.quotas import LIMIT_FIELDS
 from app.store.tables import api_rate_buckets, jobs, tenant_limits

@@ -26,8 +26,8 @@ import hashlib
 from typing import Any
 
 from sqlalchemy import Boolean, Double, Integer, Text, bindparam, column, func, literal, select, table
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.completion import ASYNC_OWNER
 from app.domain.job import ClaimedJob
 from app.domain.states import JobState

@@ -20,8 +20,8 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Double, Integer, Select, bindparam, delete, func, literal_column, select
 from sqlalchemy.dialects.postgresql import UUID
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.schedule import ScheduleKind
 from app.domain.states import TERMINAL_STATES
 from app.store.tables import dead_letters, jobs, runs

@@ -11,7 +11,8 @@ import uuid
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.async_engine import AsyncConnection
 
 # Outcomes that are neither a success nor a deliberate stop count as failures. An open async
 # attempt has no run row yet, so it is in neither.

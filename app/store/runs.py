@@ -7,8 +7,8 @@ from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.completion import ASYNC_OWNER
 from app.domain.states import JobState
 from app.store.tables import jobs, runs

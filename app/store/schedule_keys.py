@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Text, all_, and_, any_, bindparam, func, literal, select, update
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.states import TERMINAL_STATES
 from app.store.tables import jobs
 

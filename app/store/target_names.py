@@ -11,8 +11,8 @@ import uuid
 
 from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.store.tables import targets
 from app.store.targets import PUBLIC_COLUMNS, target_live
 

@@ -7,8 +7,8 @@ import uuid
 from typing import Any
 
 from sqlalchemy import case, func, select, true, union, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db.async_engine import AsyncConnection, AsyncEngine
 from app.keyring import HEADER_VALUE, SEALED_PREFIX, SIGNING_SECRET, KeyRing
 from app.store.tables import targets
 

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Double, Select, and_, any_, bindparam, func, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.domain.completion import ASYNC_OWNER
 from app.domain.signing import new_signing_secret
 from app.domain.states import TERMINAL_STATES, JobState

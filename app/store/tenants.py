@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db.async_engine import AsyncConnection
 from app.db.driver import DriverStatement, driver_fetch_one
 from app.store.tables import api_keys, tenants
 

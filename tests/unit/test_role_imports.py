@@ -77,6 +77,41 @@ def test_an_operator_command_still_parses() -> None:
         assert app.cli.parser_for(words).parse_args(words).command == words[0]
 
 
+@pytest.mark.parametrize("role", ["scheduler", "reaper", "api", "up"])
+def test_a_long_running_role_loads_no_orm(role: str) -> None:
+    """cronhook runs Core statements only; SQLAlchemy's ORM (about 7 MB a process) comes only
+    with `sqlalchemy.ext.asyncio`'s package __init__, which app/db/async_engine.py skips."""
+    modules = loaded_modules(role)
+    assert "sqlalchemy.ext.asyncio.engine" in modules  # the probe did load the async engine
+    orm = {name for name in modules if name == "sqlalchemy.orm" or name.startswith("sqlalchemy.orm.")}
+    assert not orm, sorted(orm)[:5]
+
+
+def test_the_async_package_still_gives_everything_it_ships_when_asked() -> None:
+    """Anyone asking `sqlalchemy.ext.asyncio` for a name the engine module does not hold (a
+    session, as Alembic or a test may) gets the package as SQLAlchemy ships it."""
+    probe = """
+import json, sys
+import app.db.async_engine
+import sqlalchemy.ext.asyncio as package
+before = "sqlalchemy.orm" in sys.modules
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio.engine import create_async_engine as from_engine
+try:
+    package.NoSuchName
+    missing = "found"
+except AttributeError as e:
+    missing = str(e)
+print(json.dumps([before, AsyncSession.__module__, create_async_engine is from_engine
+                  is app.db.async_engine.create_async_engine, "sqlalchemy.orm" in sys.modules, missing]))
+"""
+    out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    before, session_module, same, orm_after, missing = json.loads(out.stdout.splitlines()[-1])
+    assert before is False and orm_after is True
+    assert session_module == "sqlalchemy.ext.asyncio.session" and same is True
+    assert "NoSuchName" in missing
+
+
 def test_an_api_process_loads_neither_the_scheduler_nor_the_reaper() -> None:
     modules = loaded_modules("api")
     assert "app.api.app" in modules and "app.services.db_health" in modules  # the probe did load the role

@@ -15,12 +15,12 @@ import random
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app import metrics
 from app.api.deps import AutocommitConn, KeyRingDep, QuotasDep, client_address, in_transaction, too_many
 from app.api.errors import Problem
 from app.api.schemas.completions import CompletionReport, HeartbeatReport
+from app.db.async_engine import AsyncConnection
 from app.domain.completion import MAX_RESULT_BYTES, CompletionToken, ReportOutcome, read_token
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt

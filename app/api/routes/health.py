@@ -6,10 +6,10 @@ import logging
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.deps import get_engine
 from app.api.schemas.operations import Health, Readiness
+from app.db.async_engine import AsyncEngine
 from app.db.errors import is_transient_db_error, outage_reason
 from app.db.schema_head import schema_is_current
 from app.db.watch import readiness
