@@ -4,11 +4,11 @@
 `sqlalchemy.ext.asyncio`'s package `__init__` also imports `AsyncSession`, and with it the
 whole ORM: about 7 MB resident in every process, and start-up time, for a service that runs
 Core statements only (bench/log/2026-11-29-orm-free.md). Importing this module first
-registers the package without running its `__init__` and loads only its engine and result
-modules, which do not need the ORM. The package keeps its shape: any other name asked of it
-(`AsyncSession`, as Alembic or a test may) runs the package's own `__init__` then, so it
-behaves as shipped, only later. When something imported the package before this module, it
-is used as it is.
+registers the package without running its `__init__` and loads only its engine module (with
+the result module it imports), which does not need the ORM. The package keeps its shape: any
+name asked of it (`AsyncSession`, or `AsyncEngine` by the package's name, as Alembic or a
+test may) runs the package's own `__init__` then, so it behaves as shipped, only later.
+When something imported the package before this module, it is used as it is.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _register_package_lazily() -> None:
     state = {"complete": False}
 
     def complete(name: str) -> Any:
-        # PEP 562: called only for a name the package does not have yet.
+        # PEP 562: called only for a name the package does not have (yet).
         if state["complete"] or name.startswith("__"):
             raise AttributeError(f"module {_PACKAGE!r} has no attribute {name!r}")
         state["complete"] = True
@@ -42,29 +42,9 @@ def _register_package_lazily() -> None:
     parent, _, child = _PACKAGE.rpartition(".")
     setattr(sys.modules[parent], child, package)
     # Loaded by name: `from package import engine` would ask the package for the attribute
-    # first, and that runs its __init__.
-    engine = importlib.import_module(f"{_PACKAGE}.engine")
-    result = importlib.import_module(f"{_PACKAGE}.result")
-
-    # The names the package's __init__ takes from these two modules.
-    for module, names in (
-        (
-            engine,
-            (
-                "AsyncConnection",
-                "AsyncEngine",
-                "AsyncTransaction",
-                "async_engine_from_config",
-                "create_async_engine",
-                "create_async_pool_from_url",
-            ),
-        ),
-        (result, ("AsyncMappingResult", "AsyncResult", "AsyncScalarResult", "AsyncTupleResult")),
-    ):
-        # A name another release lacks is left out: asking for it completes the package.
-        for name in names:
-            if hasattr(module, name):
-                setattr(package, name, getattr(module, name))
+    # first, and that runs its __init__. The package's own names (`AsyncEngine`...) are not
+    # copied onto it: asking for one completes it, and cronhook imports them from here.
+    importlib.import_module(f"{_PACKAGE}.engine")
     # Only now: while its modules load, `from . import exc` in them must find no attribute
     # and import the submodule, not complete the package.
     package.__getattr__ = complete  # type: ignore[method-assign]
