@@ -1,33 +1,27 @@
 """A SIGTERM that arrives while a service process is still starting (imports, settings, the
 event loop's first steps), before the role's own handler is in place.
 
-Before any event loop runs, the handler ends the process with exit 0 (nothing has started;
-exit handlers run, the metrics directory is removed). Once a loop runs, raising from a signal
-handler would break the loop mid-step (uvloop then fails to close with a traceback), so the
-handler only records the stop; the role reads it as soon as its own handler is installed
-(app/runtime.py run_role, app/serve.py) and stops as if the signal came then.
+The handler only records the stop; it never raises. An exception raised from a signal
+handler lands wherever the main thread happens to be: inside an extension module's import
+(pydantic-core's, through PyO3, turned it into a panic and exit 1), inside a library's bare
+`except:` (which swallows it, so the process starts anyway and ignores the stop until it is
+killed), or mid-step in a running loop (uvloop then fails to close with a traceback). The
+recorded stop is acted on at fixed points instead: before an event loop starts
+(`exit_if_requested`, exit 0 with exit handlers run, so the metrics directory is removed),
+and once a loop runs, as soon as the role's own handler is installed (app/runtime.py
+run_role, app/serve.py), as if the signal came then.
 """
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import threading
-import warnings
 from types import FrameType
 
 _requested = threading.Event()
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        # A stop this early can land between creating the role's main coroutine and running
-        # it: Python would then print "coroutine ... was never awaited" to stderr, a line that
-        # is not a log event. Nothing was started, so there is nothing to warn about.
-        warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-        raise SystemExit(0) from None
     _requested.set()
 
 
@@ -36,5 +30,12 @@ def install() -> None:
 
 
 def requested() -> bool:
-    """Whether a SIGTERM came while starting, after the event loop began running."""
+    """Whether a SIGTERM came while starting, before the role's own handler was in place."""
     return _requested.is_set()
+
+
+def exit_if_requested() -> None:
+    """Before an event loop starts: a stop that came meanwhile ends the process, exit 0.
+    Nothing has started yet, so there is nothing to stop gracefully."""
+    if _requested.is_set():
+        raise SystemExit(0)

@@ -233,6 +233,7 @@ def run_role(
         finally:
             await runtime.stop()
 
+    early_stop.exit_if_requested()  # a SIGTERM during the imports: nothing to start
     main = runner()
     try:
         event_loop.run(main)
@@ -240,7 +241,7 @@ def run_role(
         print(f"cronhook: {exc}", file=sys.stderr)  # noqa: T201
         raise SystemExit(2) from None
     finally:
-        # Never started when a stop came during start-up: closed, not left to warn at exit.
+        # Never started if the loop failed to start: closed, not left to warn at exit.
         main.close()
 
 

@@ -40,6 +40,7 @@ def serve(settings: Settings, run_services: bool) -> None:
     scheduler unless it has processes of its own); `--workers` adds API processes on the
     same listening socket, `--processes` scheduler processes."""
     inherited = os.environ.pop(LISTEN_FD_ENV, None)
+    early_stop.exit_if_requested()  # a SIGTERM during the imports: nothing to start
     if inherited is None:
         # A worker of `--workers` serves its parent's socket: the port is taken, by design.
         ensure_port_free(settings.host, settings.port, "--port or CRONHOOK_PORT")
@@ -76,7 +77,10 @@ def serve(settings: Settings, run_services: bool) -> None:
         loop="uvloop",
         http="httptools",
         access_log=False,
+        timeout_keep_alive=settings.http_keep_alive_s,
     )
+    # Building the app imported the API stack: seconds on a busy machine.
+    early_stop.exit_if_requested()
     _Server(config).run(sockets=sockets)
     if supervisor is not None and supervisor.failed:
         raise SystemExit(1)

@@ -132,6 +132,11 @@ class Settings(BaseSettings):
     # The whole body of POST /v1/jobs/batch and PUT /v1/schedule-sets/{set} (each job's payload
     # is still held to max_payload_bytes).
     max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
+    # How long the API keeps an idle client connection open. Longer than the idle timeout of
+    # the proxies and load balancers in front of it (60 s for most): a server that closes
+    # first races the proxy's next request on that connection, which then fails (a 502, or
+    # "server disconnected" to a direct client). uvicorn's own default is 5 s.
+    http_keep_alive_s: int = Field(default=75, ge=1, le=3600)
     # API worker processes sharing the listening socket (`cronhook api|up --workers`).
     api_workers: int = Field(default=1, ge=1, le=64)
     # The API's address as webhook receivers reach it (`https://cron.example.com`): an async

@@ -30,6 +30,11 @@ def events(log: Path, name: str) -> list[dict[str, object]]:
     return found
 
 
+def tail(log: Path, lines: int = 60) -> str:
+    """The log's last lines, for a failure's message: which child failed, and how."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
 def child_pids(log: Path) -> list[int]:
     return [int(str(e["pid"])) for e in events(log, "child_started")]
 
@@ -67,7 +72,7 @@ async def test_sigterm_stops_every_scheduler_process_with_exit_0(db_url: str, tm
         children = child_pids(log)
         assert len(children) == 2 and all(alive(pid) for pid in children)
         parent.send_signal(signal.SIGTERM)
-        assert parent.wait(timeout=60) == 0
+        assert parent.wait(timeout=60) == 0, tail(log)
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -129,7 +134,7 @@ async def test_up_with_processes_and_workers_on_embedded_postgres(tmp_path: Path
         assert len(events(log, "schema_migrated")) == 1
         children = child_pids(log)
         parent.send_signal(signal.SIGTERM)
-        assert parent.wait(timeout=60) == 0
+        assert parent.wait(timeout=60) == 0, tail(log)
         assert not any(alive(pid) for pid in children)
         assert {e["exit_code"] for e in events(log, "child_stopped")} == {0}
         await wait_for(lambda: not postmaster.exists(), timeout=20, message="embedded server stopped")
@@ -150,7 +155,7 @@ async def test_sigterm_while_the_children_are_starting_stops_them_with_exit_0(db
         # imports), long before their schedulers run.
         await wait_for(lambda: len(child_pids(log)) == 2, timeout=60, interval=0.01, message="two children")
         parent.send_signal(signal.SIGTERM)
-        assert parent.wait(timeout=60) == 0
+        assert parent.wait(timeout=60) == 0, tail(log)
     finally:
         if parent.poll() is None:
             parent.kill()

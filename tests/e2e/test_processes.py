@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -274,3 +276,41 @@ def test_bad_settings_are_refused_with_a_clear_message(env: dict[str, str], name
     result = subprocess.run([CRONHOOK, "scheduler"], env=base_env(**env), capture_output=True, timeout=30)
     assert result.returncode == 2
     assert named in result.stderr.decode()
+
+
+async def test_the_api_keeps_an_idle_connection_as_long_as_configured(db_url: str, procs: Processes) -> None:
+    # Behind a load balancer, the API must outlast the balancer's idle timeout (60 s for
+    # most): a server that closes an idle connection first races the balancer's next request
+    # on it, which fails (a 502). uvicorn's own default is 5 s.
+    default, short = free_port(), free_port()
+    procs.start("default", ["api", "--port", str(default)], base_env(CRONHOOK_DATABASE_URL=db_url))
+    procs.start(
+        "short", ["api", "--port", str(short)], base_env(CRONHOOK_DATABASE_URL=db_url, CRONHOOK_HTTP_KEEP_ALIVE_S="1")
+    )
+    for port in (default, short):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+            await wait_until_ready(http, timeout=60)
+
+    async def get_healthz(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int) -> None:
+        writer.write(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+        await asyncio.wait_for(reader.readexactly(length), 10)
+
+    # The default: one connection, idle past uvicorn's 5 s, still serves the next request.
+    reader, writer = await asyncio.open_connection("127.0.0.1", default)
+    try:
+        await get_healthz(reader, writer, default)
+        await asyncio.sleep(6)  # the idle time is what is tested
+        await get_healthz(reader, writer, default)
+    finally:
+        writer.close()
+    # Configured at 1 s: the server closes the idle connection (end-of-file) on its own.
+    reader, writer = await asyncio.open_connection("127.0.0.1", short)
+    try:
+        await get_healthz(reader, writer, short)
+        assert await asyncio.wait_for(reader.read(1), 30) == b""
+    finally:
+        writer.close()

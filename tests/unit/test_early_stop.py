@@ -1,11 +1,14 @@
-"""A SIGTERM while a service process starts (app/early_stop.py): before any event loop runs
-it ends the process with exit 0; once a loop runs it is recorded for the role to act on,
-never raised into the loop (uvloop would then fail to close, with a traceback)."""
+"""A SIGTERM while a service process starts (app/early_stop.py): the handler records it and
+never raises, wherever the signal lands; the process acts on it before its event loop starts
+(exit 0) or, once a loop runs, when the role's own handler is in place."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -20,10 +23,17 @@ def fresh() -> Iterator[None]:
     early_stop._requested.clear()
 
 
-def test_before_any_loop_it_exits_0() -> None:
+def test_before_any_loop_it_is_recorded_and_ends_the_start_with_exit_0() -> None:
+    early_stop._on_sigterm(signal.SIGTERM, None)  # raises nothing into the code it interrupts
+    assert early_stop.requested()
     with pytest.raises(SystemExit) as exited:
-        early_stop._on_sigterm(signal.SIGTERM, None)
-    assert exited.value.code == 0 and not early_stop.requested()
+        early_stop.exit_if_requested()
+    assert exited.value.code == 0
+
+
+def test_without_a_stop_the_start_goes_on() -> None:
+    early_stop.exit_if_requested()
+    assert not early_stop.requested()
 
 
 def test_inside_a_running_loop_it_is_recorded_not_raised() -> None:
@@ -33,3 +43,25 @@ def test_inside_a_running_loop_it_is_recorded_not_raised() -> None:
         return early_stop.requested()
 
     assert asyncio.run(starting()) is True
+
+
+def test_a_real_sigterm_inside_code_that_catches_everything_still_stops_the_start() -> None:
+    # Where a library's bare `except:` (or an extension's import) is running when the signal
+    # comes: a handler that raised would be swallowed there, and the process would start
+    # anyway and ignore the stop until killed.
+    code = (
+        "import os, signal\n"
+        "from app import early_stop\n"
+        "early_stop.install()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    sum(range(1000))\n"  # the handler runs between these bytecodes
+        "except BaseException:\n"
+        "    print('swallowed')\n"
+        "early_stop.exit_if_requested()\n"
+        "print('started anyway')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ)
+    )
+    assert (done.returncode, done.stdout) == (0, "")
