@@ -1,9 +1,10 @@
-"""A SIGTERM that arrives while a service process is still starting (imports, settings, the
-event loop's first steps), before the role's own handler is in place.
+"""A SIGTERM (or Ctrl-C's SIGINT) that arrives while a service process is still starting
+(imports, settings, the event loop's first steps), before the role's own handler is in place.
 
 The handler only records the stop; it never raises. An exception raised from a signal
 handler lands wherever the main thread happens to be: inside an extension module's import
-(pydantic-core's, through PyO3, turned it into a panic and exit 1), inside a library's bare
+(pydantic-core's, through PyO3, turned it into a panic and exit 1; Python's own SIGINT
+handler raises KeyboardInterrupt there too, with a traceback), inside a library's bare
 `except:` (which swallows it, so the process starts anyway and ignores the stop until it is
 killed), or mid-step in a running loop (uvloop then fails to close with a traceback). The
 recorded stop is acted on at fixed points instead: before an event loop starts
@@ -21,17 +22,30 @@ from types import FrameType
 _requested = threading.Event()
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+# Both stop a role gracefully once it runs (app/runtime.py, uvicorn): a terminal's Ctrl-C
+# reaches every process of `cronhook up`, its children too.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     _requested.set()
 
 
 def install() -> None:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_stop_signal)
 
 
 def requested() -> bool:
-    """Whether a SIGTERM came while starting, before the role's own handler was in place."""
+    """Whether this process was told to stop: while starting, or later (`record`)."""
     return _requested.is_set()
+
+
+def record() -> None:
+    """The role's own handler took a stop signal. Recorded here too, so a parent can tell a
+    child that stopped with it (a terminal's Ctrl-C, or systemd stopping the service, signals
+    every process of the group at once) from one that left on its own (app/processes.py)."""
+    _requested.set()
 
 
 def exit_if_requested() -> None:

@@ -14,7 +14,7 @@ import tempfile
 CLIENT_VERBS = frozenset({"jobs", "targets", "dead-letters", "audit", "schedules", "apply", "diff", "export"})
 # Roles that may run several processes (`--processes`, `--workers`) behind one /metrics.
 SERVICE_ROLES = frozenset({"up", "api", "scheduler"})
-# Long-running roles: a SIGTERM while one is still importing ends it with exit 0.
+# Long-running roles: a SIGTERM or SIGINT while one is still importing ends it with exit 0.
 LONG_RUNNING_ROLES = SERVICE_ROLES | {"reaper"}
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -31,9 +31,9 @@ def _share_metrics_between_processes() -> None:
 
 
 def _stop_cleanly_while_starting() -> None:
-    """A SIGTERM that arrives while a service process is still starting (imports: seconds on
-    a busy machine) ends it with exit 0, as one that arrives later does, instead of killing
-    it with 143 (app/early_stop.py)."""
+    """A SIGTERM (or a Ctrl-C) that arrives while a service process is still starting
+    (imports: seconds on a busy machine) ends it with exit 0, as one that arrives later
+    does, instead of killing it with 143 (or a KeyboardInterrupt's traceback) (app/early_stop.py)."""
     from app import early_stop
 
     early_stop.install()
@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> None:
         _share_metrics_between_processes()
     if args and args[0] in LONG_RUNNING_ROLES:
         _stop_cleanly_while_starting()
-    # A child of `--processes`/`--workers` starts with SIGTERM blocked (app/processes.py): one
-    # that came meanwhile is delivered now, to the handler above.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    # A child of `--processes`/`--workers` starts with SIGTERM and SIGINT blocked
+    # (app/processes.py): one that came meanwhile is delivered now, to the handler above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     from app.cli import main as service_main
 
     service_main(args)

@@ -7,7 +7,9 @@ migrations off. Children never outlive the parent:
 
 - SIGTERM/SIGINT to the parent stops it gracefully, which sends SIGTERM to every child and
   waits for them (each lets its deliveries in flight finish); a child that exits non-zero, or
-  on its own while the parent runs, makes the parent stop the others and exit 1.
+  on its own while the parent runs, makes the parent stop the others and exit 1. A stop
+  signal to the whole process group (a terminal's Ctrl-C, systemd's stop) reaches every child
+  at once: each stops cleanly on its own, which is no failure then.
 - If the parent dies without stopping them (SIGKILL, OOM), each child is sent SIGTERM by the
   kernel (Linux `PR_SET_PDEATHSIG`, set by the child itself, then checked against the parent
   it expected, so a parent that died during the child's start-up is noticed) and, on every
@@ -30,6 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from app import early_stop
 from app.logs import log_event
 from app.metrics import process_exited
 from app.settings import Settings
@@ -94,10 +97,11 @@ class Children:
     def spawn(self, spec: ChildSpec) -> subprocess.Popen[bytes]:
         assert threading.current_thread() is threading.main_thread(), "PR_SET_PDEATHSIG follows the forking thread"
         env = {**spec.env, PARENT_PID_ENV: str(os.getpid()), PARENT_PIPE_ENV: str(self._read_fd)}
-        # The child starts with SIGTERM blocked (the mask survives exec) and unblocks it once
-        # its handler is in place (app/entry.py): a stop that comes while it is starting
-        # waits those few milliseconds and ends it cleanly, instead of killing it.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        # The child starts with SIGTERM and SIGINT blocked (the mask survives exec) and
+        # unblocks them once its handler is in place (app/entry.py): a stop that comes while
+        # it is starting (the parent's SIGTERM, a terminal's Ctrl-C to the whole group) waits
+        # those few milliseconds and ends it cleanly, instead of killing it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         try:
             # -P: the working directory is not put first on sys.path, so a project's own `app`
             # package where cronhook was started cannot stand in for cronhook's.
@@ -105,7 +109,7 @@ class Children:
                 [sys.executable, "-P", "-m", "app", *spec.args], env=env, pass_fds=(self._read_fd, *spec.pass_fds)
             )
         finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self.procs[spec.name] = proc
         log_event(logger, "child_started", child=spec.name, pid=proc.pid)
         return proc
@@ -208,6 +212,11 @@ class Supervisor:
 
     async def watch(self, stop: asyncio.Event) -> tuple[str, int] | None:
         self.gone = await self.children.wait_until(stop)
+        if self.gone is not None and self.gone[1] == 0 and early_stop.requested():
+            # This process was told to stop as well, before its own stop began: a Ctrl-C or
+            # systemd's stop signals the whole group at once, and the child stopped cleanly
+            # with it. Not a child that left on its own.
+            self.gone = None
         if self.gone is not None:
             name, code = self.gone
             log_event(logger, "child_exited", logging.ERROR, child=name, exit_code=code)

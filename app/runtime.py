@@ -218,8 +218,13 @@ def run_role(
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def stop_on_signal() -> None:
+            early_stop.record()
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stop_on_signal)
         if early_stop.requested():
             stop.set()  # the SIGTERM came while the loop started, before the handler above
         runtime = Runtime(settings, generic_plans=generic_plans, opens_secrets=opens_secrets)

@@ -25,6 +25,7 @@ class _Server(uvicorn.Server):
     again once stopped, which makes the exit code -15 and skips atexit.)"""
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        early_stop.record()
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
 

@@ -46,9 +46,15 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start(args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+def start(
+    args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None, own_group: bool = False
+) -> subprocess.Popen[bytes]:
+    """`own_group`: in a process group of its own, as a terminal's foreground job is, so a
+    Ctrl-C (os.killpg) reaches the parent and its children, and nothing else."""
     with log.open("wb") as out:
-        return subprocess.Popen([CRONHOOK, *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+        return subprocess.Popen(
+            [CRONHOOK, *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=own_group
+        )
 
 
 def project_with_its_own_app_package(tmp_path: Path) -> Path:
@@ -167,3 +173,56 @@ async def test_sigterm_while_the_children_are_starting_stops_them_with_exit_0(db
     # Structured logs to the end: a stop during start-up prints nothing that is not an event
     # (such as Python's "coroutine ... was never awaited").
     assert all(json.loads(line) for line in log.read_text().splitlines() if line.strip())
+
+
+async def test_ctrl_c_while_the_children_are_starting_stops_every_process_with_exit_0(
+    db_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "scheduler.log"
+    parent = start(["scheduler", "--processes", "2"], base_env(CRONHOOK_DATABASE_URL=db_url), log, own_group=True)
+    try:
+        await wait_for(lambda: len(child_pids(log)) == 2, timeout=60, interval=0.01, message="two children")
+        children = child_pids(log)
+        # A terminal's Ctrl-C: SIGINT to the whole group, the children still importing.
+        os.killpg(parent.pid, signal.SIGINT)
+        assert parent.wait(timeout=60) == 0, tail(log)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+    assert not any(alive(pid) for pid in children)
+    assert sorted((e["child"], e["exit_code"]) for e in events(log, "child_stopped")) == [
+        ("scheduler-1", 0),
+        ("scheduler-2", 0),
+    ]
+    # No KeyboardInterrupt traceback: every line is a log event.
+    assert all(json.loads(line) for line in log.read_text().splitlines() if line.strip())
+
+
+async def test_ctrl_c_on_a_running_up_stops_every_process_with_exit_0(db_url: str, tmp_path: Path) -> None:
+    # The signal reaches the children at the same moment as the parent (as systemd's stop
+    # does too): each stops cleanly on its own, while the parent is still closing its server.
+    # That is a stop, not a child that left on its own.
+    log = tmp_path / "up.log"
+    port = free_port()
+    env = base_env(CRONHOOK_DATABASE_URL=db_url, CRONHOOK_PORT=str(port))
+    parent = start(["up", "--processes", "2", "--workers", "2"], env, log, own_group=True)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            await wait_until_ready(http, timeout=90)
+        await wait_for(lambda: len(events(log, "scheduler_started")) == 2, timeout=60, message="schedulers up")
+        await wait_for(lambda: len(events(log, "Application startup complete.")) == 2, timeout=60, message="workers")
+        children = child_pids(log)
+        os.killpg(parent.pid, signal.SIGINT)
+        assert parent.wait(timeout=60) == 0, tail(log)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+    assert not any(alive(pid) for pid in children)
+    assert not events(log, "child_exited")
+    assert sorted((e["child"], e["exit_code"]) for e in events(log, "child_stopped")) == [
+        ("api-2", 0),
+        ("scheduler-1", 0),
+        ("scheduler-2", 0),
+    ]

@@ -1,4 +1,4 @@
-"""A SIGTERM while a service process starts (app/early_stop.py): the handler records it and
+"""A SIGTERM (or Ctrl-C's SIGINT) while a service process starts (app/early_stop.py): the handler records it and
 never raises, wherever the signal lands; the process acts on it before its event loop starts
 (exit 0) or, once a loop runs, when the role's own handler is in place."""
 
@@ -24,7 +24,7 @@ def fresh() -> Iterator[None]:
 
 
 def test_before_any_loop_it_is_recorded_and_ends_the_start_with_exit_0() -> None:
-    early_stop._on_sigterm(signal.SIGTERM, None)  # raises nothing into the code it interrupts
+    early_stop._on_stop_signal(signal.SIGTERM, None)  # raises nothing into the code it interrupts
     assert early_stop.requested()
     with pytest.raises(SystemExit) as exited:
         early_stop.exit_if_requested()
@@ -38,14 +38,15 @@ def test_without_a_stop_the_start_goes_on() -> None:
 
 def test_inside_a_running_loop_it_is_recorded_not_raised() -> None:
     async def starting() -> bool:
-        early_stop._on_sigterm(signal.SIGTERM, None)  # would raise SystemExit into the loop
+        early_stop._on_stop_signal(signal.SIGTERM, None)  # would raise SystemExit into the loop
         await asyncio.sleep(0)
         return early_stop.requested()
 
     assert asyncio.run(starting()) is True
 
 
-def test_a_real_sigterm_inside_code_that_catches_everything_still_stops_the_start() -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_real_stop_signal_inside_code_that_catches_everything_still_stops_the_start(stop: signal.Signals) -> None:
     # Where a library's bare `except:` (or an extension's import) is running when the signal
     # comes: a handler that raised would be swallowed there, and the process would start
     # anyway and ignore the stop until killed.
@@ -54,7 +55,7 @@ def test_a_real_sigterm_inside_code_that_catches_everything_still_stops_the_star
         "from app import early_stop\n"
         "early_stop.install()\n"
         "try:\n"
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        f"    os.kill(os.getpid(), {int(stop)})\n"
         "    sum(range(1000))\n"  # the handler runs between these bytecodes
         "except BaseException:\n"
         "    print('swallowed')\n"
