@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from tests.e2e.test_processes import CRONHOOK, base_env, free_port, wait_until_ready
 from tests.receiver import wait_for
@@ -33,6 +34,13 @@ def events(log: Path, name: str) -> list[dict[str, object]]:
 def tail(log: Path, lines: int = 60) -> str:
     """The log's last lines, for a failure's message: which child failed, and how."""
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def reap(parent: subprocess.Popen[bytes]) -> None:
+    """Kills and reaps `parent` if it still runs: in a `finally`, even when the test failed."""
+    if parent.poll() is None:
+        parent.kill()
+        parent.wait(timeout=10)
 
 
 def child_pids(log: Path) -> list[int]:
@@ -80,9 +88,7 @@ async def test_sigterm_stops_every_scheduler_process_with_exit_0(db_url: str, tm
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(timeout=60) == 0, tail(log)
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(timeout=10)  # reaped here, even when the test failed
+        reap(parent)
     assert not any(alive(pid) for pid in children)
     assert sorted((e["child"], e["exit_code"]) for e in events(log, "child_stopped")) == [
         ("scheduler-1", 0),
@@ -146,56 +152,36 @@ async def test_up_with_processes_and_workers_on_embedded_postgres(tmp_path: Path
         await wait_for(lambda: not postmaster.exists(), timeout=20, message="embedded server stopped")
         assert not re.search(key, log.read_text())
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(timeout=10)  # reaped here, even when the test failed
+        reap(parent)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-async def test_sigterm_while_the_children_are_starting_stops_them_with_exit_0(db_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm-to-the-parent", "ctrl-c-to-the-group"])
+async def test_a_stop_while_the_children_are_starting_stops_them_with_exit_0(
+    db_url: str, tmp_path: Path, ctrl_c: bool
+) -> None:
     log = tmp_path / "scheduler.log"
     env = base_env(CRONHOOK_DATABASE_URL=db_url)
-    parent = start(["scheduler", "--processes", "2"], env, log)
+    parent = start(["scheduler", "--processes", "2"], env, log, own_group=ctrl_c)
     try:
         # The stop comes as soon as the children exist: they are still starting (interpreter,
         # imports), long before their schedulers run.
         await wait_for(lambda: len(child_pids(log)) == 2, timeout=60, interval=0.01, message="two children")
-        parent.send_signal(signal.SIGTERM)
-        assert parent.wait(timeout=60) == 0, tail(log)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(timeout=10)
-    assert sorted((e["child"], e["exit_code"]) for e in events(log, "child_stopped")) == [
-        ("scheduler-1", 0),
-        ("scheduler-2", 0),
-    ]
-    # Structured logs to the end: a stop during start-up prints nothing that is not an event
-    # (such as Python's "coroutine ... was never awaited").
-    assert all(json.loads(line) for line in log.read_text().splitlines() if line.strip())
-
-
-async def test_ctrl_c_while_the_children_are_starting_stops_every_process_with_exit_0(
-    db_url: str, tmp_path: Path
-) -> None:
-    log = tmp_path / "scheduler.log"
-    parent = start(["scheduler", "--processes", "2"], base_env(CRONHOOK_DATABASE_URL=db_url), log, own_group=True)
-    try:
-        await wait_for(lambda: len(child_pids(log)) == 2, timeout=60, interval=0.01, message="two children")
         children = child_pids(log)
-        # A terminal's Ctrl-C: SIGINT to the whole group, the children still importing.
-        os.killpg(parent.pid, signal.SIGINT)
+        if ctrl_c:  # a terminal's: SIGINT to the whole group, the children still importing
+            os.killpg(parent.pid, signal.SIGINT)
+        else:
+            parent.send_signal(signal.SIGTERM)
         assert parent.wait(timeout=60) == 0, tail(log)
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(timeout=10)
+        reap(parent)
     assert not any(alive(pid) for pid in children)
     assert sorted((e["child"], e["exit_code"]) for e in events(log, "child_stopped")) == [
         ("scheduler-1", 0),
         ("scheduler-2", 0),
     ]
-    # No KeyboardInterrupt traceback: every line is a log event.
+    # Structured logs to the end: a stop during start-up prints nothing that is not an event
+    # (such as Python's "coroutine ... was never awaited", or a KeyboardInterrupt's traceback).
     assert all(json.loads(line) for line in log.read_text().splitlines() if line.strip())
 
 
@@ -216,9 +202,7 @@ async def test_ctrl_c_on_a_running_up_stops_every_process_with_exit_0(db_url: st
         os.killpg(parent.pid, signal.SIGINT)
         assert parent.wait(timeout=60) == 0, tail(log)
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(timeout=10)
+        reap(parent)
     assert not any(alive(pid) for pid in children)
     assert not events(log, "child_exited")
     assert sorted((e["child"], e["exit_code"]) for e in events(log, "child_stopped")) == [
