@@ -53,3 +53,11 @@ def exit_if_requested() -> None:
     Nothing has started yet, so there is nothing to stop gracefully."""
     if _requested.is_set():
         raise SystemExit(0)
+
+
+def ignore_from_now() -> None:
+    """The role has stopped and the process is exiting: a stop signal that comes now (the
+    parent's SIGTERM after a Ctrl-C that already reached this child) stays blocked, and the
+    process exits 0 as it was about to. Python's finalization resets every handler to the
+    default, which would otherwise end the process with -15 part-way through its exit."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))

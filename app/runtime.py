@@ -237,6 +237,8 @@ def run_role(
             await body(runtime, stop)
         finally:
             await runtime.stop()
+            # Before the loop closes and puts the default handlers back.
+            early_stop.ignore_from_now()
 
     early_stop.exit_if_requested()  # a SIGTERM during the imports: nothing to start
     main = runner()

@@ -83,6 +83,7 @@ def serve(settings: Settings, run_services: bool) -> None:
     # Building the app imported the API stack: seconds on a busy machine.
     early_stop.exit_if_requested()
     _Server(config).run(sockets=sockets)
+    early_stop.ignore_from_now()
     if supervisor is not None and supervisor.failed:
         raise SystemExit(1)
 

@@ -66,3 +66,22 @@ def test_a_real_stop_signal_inside_code_that_catches_everything_still_stops_the_
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ)
     )
     assert (done.returncode, done.stdout) == (0, "")
+
+
+def test_a_stop_that_comes_while_the_process_exits_leaves_its_exit_code_0() -> None:
+    # The parent's SIGTERM can reach a child that a Ctrl-C has already stopped, while Python
+    # finalizes it, when the handlers are back to the default: it must not turn exit 0 into -15.
+    code = (
+        "import os, signal\n"
+        "from app import early_stop\n"
+        "early_stop.install()\n"
+        "early_stop.ignore_from_now()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"  # as finalization does
+        "print('exiting')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ)
+    )
+    assert (done.returncode, done.stdout) == (0, "exiting\n")
