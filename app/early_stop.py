@@ -1,5 +1,8 @@
-"""A SIGTERM (or Ctrl-C's SIGINT) that arrives while a service process is still starting
-(imports, settings, the event loop's first steps), before the role's own handler is in place.
+"""A service process's stop signals (SIGTERM, and Ctrl-C's SIGINT) outside its role's own
+handlers: while it is still starting (imports, settings, the event loop's first steps),
+before the role's handler is in place, and while it exits after its role has stopped
+(`ignore_from_now`). It also keeps whether the process was told to stop (`record`), which a
+parent reads to tell a child that stopped with it from one that left on its own.
 
 The handler only records the stop; it never raises. An exception raised from a signal
 handler lands wherever the main thread happens to be: inside an extension module's import
