@@ -27,7 +27,7 @@ _requested = threading.Event()
 
 # Both stop a role gracefully once it runs (app/runtime.py, uvicorn): a terminal's Ctrl-C
 # reaches every process of `cronhook up`, its children too.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
@@ -63,4 +63,4 @@ def ignore_from_now() -> None:
     parent's SIGTERM after a Ctrl-C that already reached this child) stays blocked, and the
     process exits 0 as it was about to. Python's finalization resets every handler to the
     default, which would otherwise end the process with -15 part-way through its exit."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)

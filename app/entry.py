@@ -53,9 +53,11 @@ def main(argv: list[str] | None = None) -> None:
         _share_metrics_between_processes()
     if args and args[0] in LONG_RUNNING_ROLES:
         _stop_cleanly_while_starting()
-    # A child of `--processes`/`--workers` starts with SIGTERM and SIGINT blocked
+    from app.early_stop import STOP_SIGNALS  # the standard library only
+
+    # A child of `--processes`/`--workers` starts with the stop signals blocked
     # (app/processes.py): one that came meanwhile is delivered now, to the handler above.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     from app.cli import main as service_main
 
     service_main(args)

@@ -101,7 +101,7 @@ class Children:
         # unblocks them once its handler is in place (app/entry.py): a stop that comes while
         # it is starting (the parent's SIGTERM, a terminal's Ctrl-C to the whole group) waits
         # those few milliseconds and ends it cleanly, instead of killing it.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, early_stop.STOP_SIGNALS)
         try:
             # -P: the working directory is not put first on sys.path, so a project's own `app`
             # package where cronhook was started cannot stand in for cronhook's.
@@ -123,8 +123,11 @@ class Children:
         return None
 
     async def wait_until(self, stop: asyncio.Event, interval_s: float = 0.2) -> tuple[str, int] | None:
-        """Returns when `stop` is set (None) or when a child exits first (its name and code)."""
-        while not stop.is_set():
+        """Returns when this process is told to stop (None): `stop` set, or a stop signal taken
+        (app/early_stop.py), which can come before `stop` is set, and which a Ctrl-C or
+        systemd's stop sends every child at the same moment; or when a child exits first,
+        on its own (its name and code)."""
+        while not (stop.is_set() or early_stop.requested()):
             if (gone := self.exited()) is not None:
                 return gone
             try:
@@ -212,11 +215,6 @@ class Supervisor:
 
     async def watch(self, stop: asyncio.Event) -> tuple[str, int] | None:
         self.gone = await self.children.wait_until(stop)
-        if self.gone is not None and self.gone[1] == 0 and early_stop.requested():
-            # This process was told to stop as well, before its own stop began: a Ctrl-C or
-            # systemd's stop signals the whole group at once, and the child stopped cleanly
-            # with it. Not a child that left on its own.
-            self.gone = None
         if self.gone is not None:
             name, code = self.gone
             log_event(logger, "child_exited", logging.ERROR, child=name, exit_code=code)

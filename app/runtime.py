@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -223,7 +222,7 @@ def run_role(
             early_stop.record()
             stop.set()
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in early_stop.STOP_SIGNALS:
             loop.add_signal_handler(sig, stop_on_signal)
         if early_stop.requested():
             stop.set()  # the SIGTERM came while the loop started, before the handler above
