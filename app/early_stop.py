@@ -60,7 +60,11 @@ def exit_if_requested() -> None:
 
 def ignore_from_now() -> None:
     """The role has stopped and the process is exiting: a stop signal that comes now (the
-    parent's SIGTERM after a Ctrl-C that already reached this child) stays blocked, and the
-    process exits 0 as it was about to. Python's finalization resets every handler to the
-    default, which would otherwise end the process with -15 part-way through its exit."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    parent's SIGTERM after a Ctrl-C that already reached this child) is ignored, and the
+    process exits 0 as it was about to. Python's finalization resets a Python handler to the
+    default, which would otherwise end the process with -15 part-way through its exit; an
+    ignored signal it leaves ignored. Ignored, not blocked: a blocked signal still reaches
+    the process through any other thread (the event loop's workers), where it is not blocked.
+    The parent's SIGKILL after its grace period still ends an exit that hangs."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

@@ -236,7 +236,10 @@ def run_role(
             await body(runtime, stop)
         finally:
             await runtime.stop()
-            # Before the loop closes and puts the default handlers back.
+            # Taken off the loop here, not when it closes, which would put the default
+            # handlers back: a stop signal from now on is ignored while the process exits.
+            for sig in early_stop.STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
             early_stop.ignore_from_now()
 
     early_stop.exit_if_requested()  # a SIGTERM during the imports: nothing to start

@@ -70,15 +70,18 @@ def test_a_real_stop_signal_inside_code_that_catches_everything_still_stops_the_
 
 def test_a_stop_that_comes_while_the_process_exits_leaves_its_exit_code_0() -> None:
     # The parent's SIGTERM can reach a child that a Ctrl-C has already stopped, while Python
-    # finalizes it, when the handlers are back to the default: it must not turn exit 0 into -15.
+    # finalizes it (which puts Python handlers back to the default): it must not turn exit 0 into -15.
     code = (
         "import os, signal\n"
         "from app import early_stop\n"
         "early_stop.install()\n"
         "early_stop.ignore_from_now()\n"
-        "os.kill(os.getpid(), signal.SIGTERM)\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"  # as finalization does
+        # From another thread, as the kernel may deliver it to any thread of the process.
+        "import threading\n"
+        "def stop():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "t = threading.Thread(target=stop); t.start(); t.join()\n"
         "print('exiting')\n"
     )
     done = subprocess.run(
