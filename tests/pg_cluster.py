@@ -21,7 +21,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,8 @@ from types import TracebackType
 from urllib.parse import quote
 
 import psutil
+
+from tests.ports import free_port
 
 PG_BIN = Path(os.environ.get("CRONHOOK_PG_BIN", "/usr/lib/postgresql/15/bin"))
 SERVER_OS_USER = "postgres"
@@ -60,12 +61,6 @@ _CONF = "drill.conf"
 
 def available() -> bool:
     return (PG_BIN / "initdb").exists() and (PG_BIN / "pg_ctl").exists() and (PG_BIN / "pg_basebackup").exists()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PgClusterError(RuntimeError):

@@ -7,7 +7,6 @@ import datetime as dt
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.partition import PARTITION_COUNT
 from app.store.tables import jobs, partition_leases
 from tests.conftest import LOOPBACK_ALLOWED, TEST_SECRET_KEYS, make_job, make_target
+from tests.ports import free_port as free_port  # re-exported: the e2e tests import it from here
 from tests.receiver import Receiver, Reply, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -37,13 +37,6 @@ def base_env(**overrides: str) -> dict[str, str]:
     env["CRONHOOK_SECRET_KEYS"] = TEST_SECRET_KEYS
     env.update(overrides)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def wait_until_ready(http: httpx.AsyncClient, timeout: float) -> None:

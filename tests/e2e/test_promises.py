@@ -7,7 +7,6 @@ reaper takes a lease back; dedup_key freed once its job succeeded or died."""
 from __future__ import annotations
 
 import datetime as dt
-import socket
 from typing import Any
 
 import httpx
@@ -23,6 +22,7 @@ from tests.conftest import TEST_KEY_RING, make_job, make_target
 from tests.e2e.test_delivery import drive, get_job, get_runs
 from tests.e2e.test_scheduling_semantics import run_without_waiting
 from tests.factories import expire_leases
+from tests.ports import free_port
 from tests.receiver import Receiver, Reply, wait_for
 
 
@@ -51,13 +51,6 @@ async def test_a_timeout_is_retried_whatever_statuses_the_target_retries(
     assert (await get_job(client, auth, job["id"]))["state"] == "succeeded"
     # The same occurrence, so the receiver can dedupe the repeat.
     assert len(set(receiver.webhook_ids())) == 1 and len(receiver.requests) == len(runs)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.mark.parametrize("retry_on_status", [None, [404]], ids=["default-statuses", "overridden-statuses"])
