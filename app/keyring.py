@@ -22,13 +22,16 @@ import secrets
 from functools import lru_cache
 from pathlib import Path
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+# pycryptodomex rather than cryptography: the same AES-GCM (a value sealed by either opens
+# with the other), at a third of the memory: cryptography's Rust extension, OpenSSL linked
+# in, kept ~8 MB resident in every process (bench/log/2026-11-29-footprint-floor.md).
+from Cryptodome.Cipher import AES
 
 SEALED_PREFIX = "enc1:"
 KEY_FILE_NAME = "secret-keys"
 _KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _NONCE_BYTES = 12
+_TAG_BYTES = 16
 # Distinct values are few (targets x headers); the cache only saves the AES work per delivery.
 _OPEN_CACHE_SIZE = 65_536
 # What a sealed value is for, bound into it (a value sealed for one does not open as another).
@@ -67,7 +70,7 @@ class KeyRing:
             seen.add(key_id)
         self.primary_id = keys[0][0]
         self.key_ids = [key_id for key_id, _ in keys]
-        self._ciphers = {key_id: AESGCM(key) for key_id, key in keys}
+        self._keys = dict(keys)
         # Keys for MACs (completion tokens, app/domain/completion.py), derived apart from the
         # sealing keys; the first mints, all verify.
         self.mac_keys = [hmac.new(key, b"cronhook mac key", hashlib.sha256).digest() for _, key in keys]
@@ -77,8 +80,10 @@ class KeyRing:
         """`purpose` (e.g. `signing_secret`) is bound as associated data: a sealed header value
         copied into the secret column does not open."""
         nonce = os.urandom(_NONCE_BYTES)
-        ciphertext = self._ciphers[self.primary_id].encrypt(nonce, plaintext.encode(), purpose.encode())
-        return f"{SEALED_PREFIX}{self.primary_id}:{base64.urlsafe_b64encode(nonce + ciphertext).decode()}"
+        cipher = AES.new(self._keys[self.primary_id], AES.MODE_GCM, nonce=nonce, mac_len=_TAG_BYTES)
+        cipher.update(purpose.encode())
+        ciphertext, tag = cipher.encrypt_and_digest(plaintext.encode())
+        return f"{SEALED_PREFIX}{self.primary_id}:{base64.urlsafe_b64encode(nonce + ciphertext + tag).decode()}"
 
     def open(self, value: str, purpose: str) -> str:
         if not is_sealed(value):
@@ -98,13 +103,18 @@ class KeyRing:
             raw = base64.urlsafe_b64decode(encoded)
         except (ValueError, binascii.Error) as exc:
             raise KeyRingError("a sealed value is malformed") from exc
-        cipher = self._ciphers.get(key_id)
-        if cipher is None:
+        key = self._keys.get(key_id)
+        if key is None:
             raise KeyRingError(f"no key {key_id!r} in CRONHOOK_SECRET_KEYS to open a stored secret")
+        if len(raw) < _NONCE_BYTES + _TAG_BYTES:
+            raise KeyRingError("a sealed value is malformed")
+        cipher = AES.new(key, AES.MODE_GCM, nonce=raw[:_NONCE_BYTES], mac_len=_TAG_BYTES)
+        cipher.update(purpose.encode())
         try:
-            return cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], purpose.encode()).decode()
-        except InvalidTag as exc:
+            plaintext = cipher.decrypt_and_verify(raw[_NONCE_BYTES:-_TAG_BYTES], raw[-_TAG_BYTES:])
+        except ValueError as exc:  # the tag does not match: another key, or altered text
             raise KeyRingError(f"key {key_id!r} does not open a stored secret (wrong key?)") from exc
+        return plaintext.decode()
 
     def needs_resealing(self, value: str) -> bool:
         return sealed_key_id(value) != self.primary_id
