@@ -54,6 +54,7 @@ from app.db.engine import create_engine
 from app.domain.egress import parse_egress_allow
 from app.services.scheduler import Scheduler
 from app.services.scheduler_config import SchedulerConfig
+from app.store.rescues import replica_session_name
 
 TARGET_TIMEOUT_S = 10.0
 POLL_S = 0.1
@@ -99,7 +100,13 @@ class Delivery:
 
 async def deliver(args: argparse.Namespace, url: str, receiver: Receiver, control: AsyncEngine) -> Delivery:
     """Starts the schedulers, waits until every job is delivered, stops them."""
-    engines = [create_engine(url, args.pool_size) for _ in range(args.replicas)]
+    # Each engine as `cronhook scheduler` makes its own (app/runtime.py): sessions on generic
+    # plans (else every claim runs in a transaction of its own that sets the plan mode: four
+    # round trips, not one) and named after the replica.
+    engines = [
+        create_engine(url, args.pool_size, application_name=replica_session_name(f"bench-{i}"), generic_plans=True)
+        for i in range(args.replicas)
+    ]
     schedulers = [scheduler(engine, i, args) for i, engine in enumerate(engines)]
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
