@@ -47,6 +47,12 @@ LISTEN_FD_ENV = "_CRONHOOK_LISTEN_FD"
 _PR_SET_PDEATHSIG = 1
 # After SIGTERM, a child gets the longest delivery deadline plus this to stop before SIGKILL.
 STOP_MARGIN_S = 10.0
+# How long a child that exited 0 gives this process's own stop to arrive before it counts as
+# one that left on its own. A stop sent to the whole group (a terminal's Ctrl-C, systemd's
+# stop) reaches parent and children at the same moment, but the parent acts on it only when
+# its event loop next turns (loop.add_signal_handler), which a busy loop can put off until
+# after a child's quick exit.
+GROUP_STOP_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -127,8 +133,12 @@ class Children:
         (app/early_stop.py), which can come before `stop` is set, and which a Ctrl-C or
         systemd's stop sends every child at the same moment; or when a child exits first,
         on its own (its name and code)."""
-        while not (stop.is_set() or early_stop.requested()):
+        while not _told_to_stop(stop):
             if (gone := self.exited()) is not None:
+                # Exit 0 is a child's answer to a stop signal: a group stop, when this
+                # process's own comes too (GROUP_STOP_WAIT_S).
+                if gone[1] == 0 and await _told_to_stop_within(stop, GROUP_STOP_WAIT_S):
+                    return None
                 return gone
             try:
                 await asyncio.wait_for(stop.wait(), interval_s)
@@ -190,6 +200,24 @@ def _watch_pipe(fd: int) -> None:
         pass
     log_event(logger, "parent_gone", logging.WARNING, pid=os.getpid())
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _told_to_stop(stop: asyncio.Event) -> bool:
+    return stop.is_set() or early_stop.requested()
+
+
+async def _told_to_stop_within(stop: asyncio.Event, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while not _told_to_stop(stop):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            # early_stop's record comes from a signal handler without setting `stop`: polled.
+            await asyncio.wait_for(stop.wait(), min(left, 0.02))
+        except TimeoutError:
+            pass
+    return True
 
 
 def failed(codes: dict[str, int], gone: tuple[str, int] | None) -> bool:
