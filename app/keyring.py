@@ -24,7 +24,7 @@ from pathlib import Path
 
 # pycryptodomex rather than cryptography: the same AES-GCM (a value sealed by either opens
 # with the other), at a third of the memory: cryptography's Rust extension, OpenSSL linked
-# in, kept ~8 MB resident in every process (bench/log/2026-11-29-footprint-floor.md).
+# in, kept ~8 MB resident in every process (bench/log/2026-11-29-key-ring-library.md).
 from Cryptodome.Cipher import AES
 
 SEALED_PREFIX = "enc1:"

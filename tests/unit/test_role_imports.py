@@ -129,7 +129,7 @@ def test_a_client_verb_loads_no_database_stack() -> None:
 def test_a_long_running_role_seals_with_the_light_aes_library(role: str) -> None:
     """The key ring's AES-GCM is pycryptodomex's (~3 MB a process); cryptography's Rust
     extension, with OpenSSL linked in, kept ~8 MB resident in every process for that one
-    cipher (bench/log/2026-11-29-footprint-floor.md)."""
+    cipher (bench/log/2026-11-29-key-ring-library.md)."""
     packages = loaded(role)
     assert "Cryptodome" in packages  # the probe did load the key ring
     assert not packages & {"cryptography", "cffi"}, packages & {"cryptography", "cffi"}
