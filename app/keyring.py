@@ -111,10 +111,11 @@ class KeyRing:
         cipher = AES.new(key, AES.MODE_GCM, nonce=raw[:_NONCE_BYTES], mac_len=_TAG_BYTES)
         cipher.update(purpose.encode())
         try:
-            plaintext = cipher.decrypt_and_verify(raw[_NONCE_BYTES:-_TAG_BYTES], raw[-_TAG_BYTES:])
-        except ValueError as exc:  # the tag does not match: another key, or altered text
+            # ValueError: the tag does not match (another key, or altered text); a value that
+            # is not UTF-8 (UnicodeDecodeError, a ValueError too) was never sealed by cronhook.
+            return cipher.decrypt_and_verify(raw[_NONCE_BYTES:-_TAG_BYTES], raw[-_TAG_BYTES:]).decode()
+        except ValueError as exc:
             raise KeyRingError(f"key {key_id!r} does not open a stored secret (wrong key?)") from exc
-        return plaintext.decode()
 
     def needs_resealing(self, value: str) -> bool:
         return sealed_key_id(value) != self.primary_id
