@@ -21,11 +21,15 @@ import re
 import secrets
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # pycryptodomex rather than cryptography: the same AES-GCM (a value sealed by either opens
 # with the other), at a third of the memory: cryptography's Rust extension, OpenSSL linked
 # in, kept ~8 MB resident in every process (bench/log/2026-11-29-key-ring-library.md).
 from Cryptodome.Cipher import AES
+
+if TYPE_CHECKING:
+    from Cryptodome.Cipher._mode_gcm import GcmMode
 
 SEALED_PREFIX = "enc1:"
 KEY_FILE_NAME = "secret-keys"
@@ -80,9 +84,7 @@ class KeyRing:
         """`purpose` (e.g. `signing_secret`) is bound as associated data: a sealed header value
         copied into the secret column does not open."""
         nonce = os.urandom(_NONCE_BYTES)
-        cipher = AES.new(self._keys[self.primary_id], AES.MODE_GCM, nonce=nonce, mac_len=_TAG_BYTES)
-        cipher.update(purpose.encode())
-        ciphertext, tag = cipher.encrypt_and_digest(plaintext.encode())
+        ciphertext, tag = _gcm(self._keys[self.primary_id], nonce, purpose).encrypt_and_digest(plaintext.encode())
         return f"{SEALED_PREFIX}{self.primary_id}:{base64.urlsafe_b64encode(nonce + ciphertext + tag).decode()}"
 
     def open(self, value: str, purpose: str) -> str:
@@ -108,8 +110,7 @@ class KeyRing:
             raise KeyRingError(f"no key {key_id!r} in CRONHOOK_SECRET_KEYS to open a stored secret")
         if len(raw) < _NONCE_BYTES + _TAG_BYTES:
             raise KeyRingError("a sealed value is malformed")
-        cipher = AES.new(key, AES.MODE_GCM, nonce=raw[:_NONCE_BYTES], mac_len=_TAG_BYTES)
-        cipher.update(purpose.encode())
+        cipher = _gcm(key, raw[:_NONCE_BYTES], purpose)
         try:
             # ValueError: the tag does not match (another key, or altered text); a value that
             # is not UTF-8 (UnicodeDecodeError, a ValueError too) was never sealed by cronhook.
@@ -119,6 +120,13 @@ class KeyRing:
 
     def needs_resealing(self, value: str) -> bool:
         return sealed_key_id(value) != self.primary_id
+
+
+def _gcm(key: bytes, nonce: bytes, purpose: str) -> GcmMode:
+    """A one-use AES-GCM cipher with `purpose` bound as associated data."""
+    cipher = AES.new(key, AES.MODE_GCM, nonce=nonce, mac_len=_TAG_BYTES)
+    cipher.update(purpose.encode())
+    return cipher
 
 
 def new_key_entry(key_id: str | None = None) -> str:

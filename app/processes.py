@@ -140,10 +140,7 @@ class Children:
                 if gone[1] == 0 and await _told_to_stop_within(stop, GROUP_STOP_WAIT_S):
                     return None
                 return gone
-            try:
-                await asyncio.wait_for(stop.wait(), interval_s)
-            except TimeoutError:
-                pass
+            await _until_set(stop, interval_s)
         return None
 
     def stop(self, grace_s: float) -> dict[str, int]:
@@ -206,18 +203,19 @@ def _told_to_stop(stop: asyncio.Event) -> bool:
     return stop.is_set() or early_stop.requested()
 
 
+async def _until_set(stop: asyncio.Event, at_most_s: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), at_most_s)
+    except TimeoutError:
+        pass
+
+
 async def _told_to_stop_within(stop: asyncio.Event, within_s: float) -> bool:
     deadline = time.monotonic() + within_s
-    while not _told_to_stop(stop):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        try:
-            # early_stop's record comes from a signal handler without setting `stop`: polled.
-            await asyncio.wait_for(stop.wait(), min(left, 0.02))
-        except TimeoutError:
-            pass
-    return True
+    while not _told_to_stop(stop) and time.monotonic() < deadline:
+        # early_stop's record comes from a signal handler without setting `stop`: polled.
+        await _until_set(stop, 0.02)
+    return _told_to_stop(stop)
 
 
 def failed(codes: dict[str, int], gone: tuple[str, int] | None) -> bool:

@@ -44,6 +44,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from app import early_stop
 from app.api.app import create_app
 from app.db.embedded import EmbeddedPostgres
 from app.db.engine import create_engine, normalize_url
@@ -107,6 +108,15 @@ def _live_descendants() -> list[psutil.Process]:
         except (psutil.NoSuchProcess, ChildProcessError):
             continue
     return alive
+
+
+@pytest.fixture
+def no_stop_recorded() -> Iterator[None]:
+    """early_stop's process-wide record of a stop signal cleared before and after: a test that
+    left it set would end every later wait on it at once (app/early_stop.py)."""
+    early_stop._requested.clear()
+    yield
+    early_stop._requested.clear()
 
 
 @pytest.fixture(scope="session", autouse=True)

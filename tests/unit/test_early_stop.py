@@ -9,18 +9,19 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 from app import early_stop
 
+pytestmark = pytest.mark.usefixtures("no_stop_recorded")
 
-@pytest.fixture(autouse=True)
-def fresh() -> Iterator[None]:
-    early_stop._requested.clear()
-    yield
-    early_stop._requested.clear()
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter, as a service process starts."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ)
+    )
 
 
 def test_before_any_loop_it_is_recorded_and_ends_the_start_with_exit_0() -> None:
@@ -62,9 +63,7 @@ def test_a_real_stop_signal_inside_code_that_catches_everything_still_stops_the_
         "early_stop.exit_if_requested()\n"
         "print('started anyway')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ)
-    )
+    done = run_python(code)
     assert (done.returncode, done.stdout) == (0, "")
 
 
@@ -84,7 +83,5 @@ def test_a_stop_that_comes_while_the_process_exits_leaves_its_exit_code_0() -> N
         "t = threading.Thread(target=stop); t.start(); t.join()\n"
         "print('exiting')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ)
-    )
+    done = run_python(code)
     assert (done.returncode, done.stdout) == (0, "exiting\n")

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from app.processes import Children, ChildSpec
+
+# A stop recorded by an earlier test would end every wait at once: these would then pass
+# without reaching the code under test.
+pytestmark = pytest.mark.usefixtures("no_stop_recorded")
 
 
 async def exited_child(args: list[str]) -> Children:
