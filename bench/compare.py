@@ -50,6 +50,7 @@ from harness import (
     print_result,
     run_bench,
     target_for,
+    tree_cpu_by_process,
     tree_cpu_s,
     wait_jobs_finished,
     wait_partitions_owned,
@@ -112,6 +113,7 @@ async def run_cronhook(args: argparse.Namespace, receiver_url: str) -> dict[str,
         postmaster = await postmaster_pid(engine)
         await asyncio.sleep(max(0.0, due - time.time()))
         cpu0, pg_cpu0 = service.cpu_s(), tree_cpu_s(postmaster) if postmaster else 0.0
+        by_process0 = tree_cpu_by_process(service.pid)
         with profiled(args.profile, f"compare-{n}", service.pid) as profile:
             deadline = time.monotonic() + args.deadline
             count = 0
@@ -123,6 +125,7 @@ async def run_cronhook(args: argparse.Namespace, receiver_url: str) -> dict[str,
                 await asyncio.sleep(0.05)
             cpu_s = service.cpu_s() - cpu0
             pg_cpu_s = (tree_cpu_s(postmaster) if postmaster else 0.0) - pg_cpu0
+            by_process = tree_cpu_by_process(service.pid)
         if profile:
             report["profile"] = profile
         report.update(
@@ -130,6 +133,11 @@ async def run_cronhook(args: argparse.Namespace, receiver_url: str) -> dict[str,
             cpu_s=round(cpu_s, 2),
             cpu_ms_per_delivery=round(cpu_s * 1000 / max(count, 1), 3),
             postgres_cpu_ms_per_delivery=round(pg_cpu_s * 1000 / max(count, 1), 3),
+            # Which process spent it (a process started during the drain counts from zero).
+            cpu_ms_per_delivery_by_process={
+                name: round((cpu - by_process0.get(name, 0.0)) * 1000 / max(count, 1), 3)
+                for name, cpu in by_process.items()
+            },
         )
         # Every outcome recorded, so the next run starts from a quiet database.
         report["unfinished_after"] = await wait_jobs_finished(engine, service.check_alive, SETTLE_TIMEOUT_S)
@@ -184,6 +192,7 @@ def summarize(result: dict[str, Any], n: int) -> dict[str, Any]:
         "late_ms_p99": mine.get("late_ms_p99"),
         "cpu_ms_per_delivery": reported.get("cpu_ms_per_delivery"),
         "postgres_cpu_ms_per_delivery": reported.get("postgres_cpu_ms_per_delivery"),
+        "cpu_ms_per_delivery_by_process": reported.get("cpu_ms_per_delivery_by_process"),
         # Whole runs (set-up included), per delivery: the system's processes and PostgreSQL.
         "run_cpu_ms_per_delivery": {
             name: {

@@ -36,6 +36,7 @@ from processes import Service as Service
 from processes import Services as Services
 from processes import free_port as free_port
 from processes import stop_process as stop_process
+from processes import tree_cpu_by_process as tree_cpu_by_process
 from processes import tree_cpu_s as tree_cpu_s
 from processes import wait_until_quiet as wait_until_quiet
 from receiver import Receipt as Receipt

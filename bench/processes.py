@@ -55,6 +55,25 @@ def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeo
         proc.wait(10)
 
 
+def tree_cpu_by_process(pid: int) -> dict[str, float]:
+    """CPU seconds of a process and each live descendant, keyed by `pid command...` (the
+    command line's last three words: the role), for a breakdown of tree_cpu_s."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    cpu: dict[str, float] = {}
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            words = proc.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        cpu[f"{proc.pid} {' '.join(Path(w).name for w in words[-3:])}"] = t.user + t.system
+    return cpu
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process, its live descendants and the children it has reaped."""
     try:
