@@ -1,5 +1,5 @@
-"""LISTEN for jobs that became due soon (the triggers on jobs, migrations 0007 and 0024) and
-hand each notice's due time to a callback: the scheduler's early wake-up. On the same
+"""LISTEN for jobs that became due soon (the triggers on jobs, migrations 0007, 0024 and
+0025) and hand each notice's due time to a callback: the scheduler's early wake-up. On the same
 connection, the replicas' partition notices (app/store/partitions.py) for the ownership
 rounds' early wake-up.
 

@@ -138,10 +138,10 @@ api_rate_buckets = Table(
     _ts("updated_at", nullable=False, default_now=True),
 )
 
-# Unfinished jobs per tenant, kept with the writes (migrations 0023, 0024): triggers on jobs
-# append deltas whenever rows become or stop being unfinished (an INSERT statement one per
-# tenant, +n; an update or delete crossing the line +1/-1); the quota's read folds a tenant's
-# deltas into its counter (app/store/quotas.py).
+# Unfinished jobs per tenant, kept with the writes (migrations 0023-0025): triggers on jobs
+# append deltas whenever rows become or stop being unfinished (an INSERT or UPDATE statement
+# one per tenant, its net change; a delete of an unfinished job -1); the quota's read folds a
+# tenant's deltas into its counter (app/store/quotas.py).
 tenant_job_counts = Table(
     "tenant_job_counts",
     metadata,

@@ -1,0 +1,111 @@
+"""Migration 0025: one statement trigger for updated jobs (the quota's deltas and the due
+NOTIFY), appending one delta per tenant and statement, none when nothing crossed between
+unfinished and finished; and the way back to 0024."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.db.migrate import migrate_to_head, revision_of
+from app.store.quotas import tenant_count_active_jobs, tenant_count_active_jobs_exactly
+from tests.conftest import make_target, new_tenant
+from tests.integration.test_lean_job_writes import _catalogue, _pending_deltas
+from tests.integration.test_limits_and_paging import downgrade_to
+
+# Finishes (cancels) the jobs named, or brings finished ones back to wait, in one statement.
+_FLIP = text(
+    "UPDATE jobs SET "
+    "state = CASE WHEN state = 'cancelled' THEN 'scheduled' ELSE 'cancelled' END::job_state, "
+    "run_at = CASE WHEN state = 'cancelled' THEN now() + interval '1 hour' END, "
+    "finished_at = CASE WHEN state = 'cancelled' THEN NULL ELSE now() END "
+    "WHERE id = ANY(:ids)"
+)
+
+
+async def _jobs_of_new_tenant(
+    engine: AsyncEngine, client: httpx.AsyncClient, auth: dict[str, str], count: int
+) -> tuple[uuid.UUID, list[uuid.UUID]]:
+    """`count` jobs due in an hour, made by one batch; their tenant (counter folded) and ids."""
+    target = await make_target(client, auth, "http://127.0.0.1:9/hook")
+    batch = await client.post(
+        "/v1/jobs/batch", headers=auth, json={"jobs": [{"target_id": target["id"], "delay_s": 3600}] * count}
+    )
+    assert batch.status_code in (200, 201), batch.text
+    ids = [uuid.UUID(item["id"]) for item in batch.json()["items"]]
+    async with engine.begin() as conn:
+        tenant: uuid.UUID = await conn.scalar(text("SELECT tenant_id FROM jobs WHERE id = :id"), {"id": ids[0]})
+        assert await tenant_count_active_jobs(conn, tenant) == count
+    return tenant, ids
+
+
+async def _counted(conn: AsyncConnection, tenant: uuid.UUID) -> int:
+    counted = await tenant_count_active_jobs(conn, tenant)
+    assert counted == await tenant_count_active_jobs_exactly(conn, tenant)
+    return counted
+
+
+async def test_an_update_appends_one_delta_per_tenant_and_none_when_nothing_crosses(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine
+) -> None:
+    tenant, ids = await _jobs_of_new_tenant(engine, client, auth, 6)
+    other, other_ids = await _jobs_of_new_tenant(engine, client, await new_tenant(engine), 3)
+
+    # Rows that stay unfinished (a claim, a reschedule, a priority change) append nothing.
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE jobs SET priority = 7 WHERE tenant_id = :t"), {"t": tenant})
+        assert await _pending_deltas(conn, tenant) == []
+
+    # Four finished by one statement: one row, -4.
+    async with engine.begin() as conn:
+        await conn.execute(_FLIP, {"ids": ids[:4]})
+        assert await _pending_deltas(conn, tenant) == [-4]
+        assert await _counted(conn, tenant) == 2
+
+    # One statement over two tenants, both ways: this tenant gets three back and loses one
+    # (+2 net), the other loses two.
+    async with engine.begin() as conn:
+        await conn.execute(_FLIP, {"ids": [*ids[:3], ids[5], *other_ids[:2]]})
+        assert await _pending_deltas(conn, tenant) == [2]
+        assert await _pending_deltas(conn, other) == [-2]
+        assert await _counted(conn, tenant) == 4
+        assert await _counted(conn, other) == 1
+
+    # Two back, two gone in one statement: no net change, no row.
+    async with engine.begin() as conn:
+        await conn.execute(_FLIP, {"ids": [ids[3], ids[5], ids[0], ids[1]]})
+        assert await _pending_deltas(conn, tenant) == []
+        assert await _counted(conn, tenant) == 4
+
+
+async def test_downgrade_restores_the_two_update_triggers_and_upgrade_replaces_them_again(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine
+) -> None:
+    tenant, ids = await _jobs_of_new_tenant(engine, client, auth, 3)
+    async with engine.connect() as conn:
+        checks, triggers = await _catalogue(conn)
+    assert "jobs_updated" in triggers
+    assert not {"jobs_live_crossed", "jobs_notify_due_update"} & triggers
+
+    async with engine.begin() as conn:
+        await conn.run_sync(downgrade_to, "0024")
+        assert await conn.run_sync(revision_of) == "0024"
+        restored = triggers - {"jobs_updated"} | {"jobs_live_crossed", "jobs_notify_due_update"}
+        assert await _catalogue(conn) == (checks, restored)
+    # The restored row trigger counts a cancel made on 0024, a row per job.
+    assert (await client.post(f"/v1/jobs/{ids[0]}/cancel", headers=auth)).status_code == 200
+    async with engine.begin() as conn:
+        await conn.execute(_FLIP, {"ids": ids[1:]})
+        assert await _pending_deltas(conn, tenant) == [-1, -1, -1]
+        assert await _counted(conn, tenant) == 0
+
+    await migrate_to_head(engine)
+    async with engine.connect() as conn:
+        assert await _catalogue(conn) == (checks, triggers)
+    async with engine.begin() as conn:
+        await conn.execute(_FLIP, {"ids": ids})
+        assert await _pending_deltas(conn, tenant) == [3]
+        assert await _counted(conn, tenant) == 3
