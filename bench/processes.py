@@ -55,16 +55,21 @@ def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeo
         proc.wait(10)
 
 
-def tree_cpu_by_process(pid: int) -> dict[str, float]:
-    """CPU seconds of a process and each live descendant, keyed by `pid command...` (the
-    command line's last three words: the role), for a breakdown of tree_cpu_s."""
+def _process_tree(pid: int) -> list[psutil.Process]:
+    """A process and its live descendants (none when it is gone)."""
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return {}
+        return []
+
+
+def tree_cpu_by_process(pid: int) -> dict[str, float]:
+    """CPU seconds of a process and each live descendant, keyed by `pid command...` (the
+    command line's last three words: the role). Unlike tree_cpu_s, children already reaped
+    are not counted: the parts add up to it while no child exits."""
     cpu: dict[str, float] = {}
-    for proc in procs:
+    for proc in _process_tree(pid):
         try:
             t = proc.cpu_times()
             words = proc.cmdline()
@@ -76,13 +81,8 @@ def tree_cpu_by_process(pid: int) -> dict[str, float]:
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process, its live descendants and the children it has reaped."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
     total = 0.0
-    for proc in procs:
+    for proc in _process_tree(pid):
         try:
             t = proc.cpu_times()
         except psutil.NoSuchProcess:
@@ -194,11 +194,13 @@ class Service:
 
     def rss_bytes(self) -> int:
         """Resident memory of the process and its live descendants."""
-        try:
-            root = psutil.Process(self.pid)
-            return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-        except psutil.NoSuchProcess:
-            return 0
+        total = 0
+        for proc in _process_tree(self.pid):
+            try:
+                total += proc.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        return total
 
     def terminate(self) -> None:
         """SIGTERM, once: a graceful stop begins (stop() waits for it)."""

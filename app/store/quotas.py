@@ -53,7 +53,7 @@ async def tenant_count_targets(conn: AsyncConnection, tenant_id: uuid.UUID) -> i
 
 
 # The tenant's pending deltas folded into its counter, which is returned: a read costs the
-# deltas written since the last one (triggers on jobs append them: migration 0023), whatever
+# deltas written since the last one (triggers on jobs append them: migrations 0023-0025), whatever
 # the number of the tenant's jobs. Concurrent folds each take the rows they deleted; the
 # upsert adds to the latest committed counter.
 _ACTIVE_FOLD = text(

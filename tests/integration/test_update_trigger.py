@@ -4,17 +4,21 @@ unfinished and finished; and the way back to 0024."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import httpx
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.migrate import migrate_to_head, revision_of
+from app.services.due_listener import DueListener
 from app.store.quotas import tenant_count_active_jobs, tenant_count_active_jobs_exactly
 from tests.conftest import make_target, new_tenant
 from tests.integration.test_lean_job_writes import _catalogue, _pending_deltas
 from tests.integration.test_limits_and_paging import downgrade_to
+from tests.receiver import wait_for
 
 # Finishes (cancels) the jobs named, or brings finished ones back to wait, in one statement.
 _FLIP = text(
@@ -81,6 +85,43 @@ async def test_an_update_appends_one_delta_per_tenant_and_none_when_nothing_cros
         assert await _counted(conn, tenant) == 4
 
 
+async def test_an_update_that_leaves_a_job_due_within_the_minute_notifies_once(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine
+) -> None:
+    tenant, ids = await _jobs_of_new_tenant(engine, client, auth, 3)
+    notices: list[float | None] = []
+    connected: list[str | None] = []
+    stop = asyncio.Event()
+    # The partition callback hears None once the listener is connected.
+    listening = asyncio.create_task(DueListener(engine, notices.append, on_partitions=connected.append).run(stop))
+    try:
+        await wait_for(lambda: None in connected, timeout=10, message="the listener connected")
+        async with engine.begin() as conn:
+            # Still an hour away: no notice.
+            await conn.execute(
+                text("UPDATE jobs SET run_at = run_at - interval '1 minute' WHERE id = :id"), {"id": ids[0]}
+            )
+            # Two left due within the minute by one statement (and one finished): one notice,
+            # for the earlier.
+            await conn.execute(
+                text(
+                    "UPDATE jobs SET run_at = now() + CASE WHEN id = :a THEN interval '5 seconds' "
+                    "ELSE interval '9 seconds' END WHERE id IN (:a, :b)"
+                ),
+                {"a": ids[1], "b": ids[2]},
+            )
+            due_at = await conn.scalar(text("SELECT run_at FROM jobs WHERE id = :a"), {"a": ids[1]})
+            await conn.execute(_FLIP, {"ids": [ids[0]]})
+        await wait_for(lambda: len(notices) >= 1, timeout=10, message="a notice")
+        await asyncio.sleep(0.5)  # a further notice would have arrived by now
+        assert notices == [pytest.approx(due_at.timestamp(), abs=0.001)]
+        async with engine.begin() as conn:
+            assert await _pending_deltas(conn, tenant) == [-1]
+    finally:
+        stop.set()
+        await asyncio.wait_for(listening, 10)
+
+
 async def test_downgrade_restores_the_two_update_triggers_and_upgrade_replaces_them_again(
     client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine
 ) -> None:
@@ -95,7 +136,11 @@ async def test_downgrade_restores_the_two_update_triggers_and_upgrade_replaces_t
         assert await conn.run_sync(revision_of) == "0024"
         restored = triggers - {"jobs_updated"} | {"jobs_live_crossed", "jobs_notify_due_update"}
         assert await _catalogue(conn) == (checks, restored)
-    # The restored row trigger counts a cancel made on 0024, a row per job.
+    # The restored row trigger keeps to its WHEN: nothing for rows that stay unfinished...
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE jobs SET priority = 7 WHERE tenant_id = :t"), {"t": tenant})
+        assert await _pending_deltas(conn, tenant) == []
+    # ...and counts a cancel made on 0024, a row per job.
     assert (await client.post(f"/v1/jobs/{ids[0]}/cancel", headers=auth)).status_code == 200
     async with engine.begin() as conn:
         await conn.execute(_FLIP, {"ids": ids[1:]})
