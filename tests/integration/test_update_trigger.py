@@ -5,6 +5,7 @@ unfinished and finished; and the way back to 0024."""
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 
 import httpx
@@ -13,9 +14,14 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.migrate import migrate_to_head, revision_of
+from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
+from app.domain.lifecycle import after_attempt
 from app.services.due_listener import DueListener
+from app.store.claims import job_claim_due
+from app.store.outcomes import job_finish_attempts
 from app.store.quotas import tenant_count_active_jobs, tenant_count_active_jobs_exactly
-from tests.conftest import make_target, new_tenant
+from tests.conftest import TEST_KEY_RING, make_target, new_tenant
+from tests.factories import make_jobs, make_tenant_and_target
 from tests.integration.test_lean_job_writes import _catalogue, _pending_deltas
 from tests.integration.test_limits_and_paging import downgrade_to
 from tests.receiver import wait_for
@@ -83,6 +89,38 @@ async def test_an_update_appends_one_delta_per_tenant_and_none_when_nothing_cros
         await conn.execute(_FLIP, {"ids": [ids[3], ids[5], ids[0], ids[1]]})
         assert await _pending_deltas(conn, tenant) == []
         assert await _counted(conn, tenant) == 4
+
+
+async def test_an_outcome_batch_over_two_tenants_appends_one_delta_for_each(engine: AsyncEngine) -> None:
+    """The scheduler's own statements: a claim crosses nothing, and one outcome batch (the
+    group commit of app/services/recorder.py) appends each tenant's net change once."""
+    first, first_target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    second, second_target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    await make_jobs(engine, first, first_target, 4)
+    await make_jobs(engine, second, second_target, 3)
+    async with engine.begin() as conn:
+        assert await _counted(conn, first) == 4 and await _counted(conn, second) == 3
+    async with engine.begin() as conn:
+        claimed = await job_claim_due(conn, TEST_KEY_RING, "replica", 10, 30)
+        assert len(claimed) == 7
+        assert await _pending_deltas(conn, first) == await _pending_deltas(conn, second) == []
+
+    rng = random.Random(1)
+    items: list[FinishedAttempt] = []
+    for job in claimed:
+        # The second tenant's first job fails and waits for its retry: it stays unfinished.
+        failing = job.tenant_id == second and not any(item.job.tenant_id == second for item in items)
+        result = AttemptOutcome(RunOutcome.HTTP_ERROR, 500) if failing else AttemptOutcome(RunOutcome.SUCCESS, 200)
+        items.append(
+            FinishedAttempt(job, result, after_attempt(job.attempt_context(), not failing, job.claimed_at, rng))
+        )
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")  # as the recorder writes it
+        assert len(await job_finish_attempts(conn, items)) == 7
+    async with engine.begin() as conn:
+        assert await _pending_deltas(conn, first) == [-4]
+        assert await _pending_deltas(conn, second) == [-2]
+        assert await _counted(conn, first) == 0 and await _counted(conn, second) == 1
 
 
 async def test_an_update_that_leaves_a_job_due_within_the_minute_notifies_once(
