@@ -30,9 +30,9 @@ down_revision: str | None = "0024"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_LIVE = "state NOT IN ('succeeded', 'dead', 'cancelled')"
-
-_FINISHED = "state IN ('succeeded', 'dead', 'cancelled')"
+_FINISHED_STATES = "('succeeded', 'dead', 'cancelled')"
+_LIVE = f"state NOT IN {_FINISHED_STATES}"
+_FINISHED = f"state IN {_FINISHED_STATES}"
 
 _UPDATED = f"""
 CREATE FUNCTION cronhook_jobs_updated() RETURNS trigger LANGUAGE plpgsql AS $$
