@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -45,7 +44,7 @@ from app.api.warm_up import warm_up_api
 from app.db.async_engine import AsyncEngine
 from app.db.watch import DB_WATCH
 from app.processes import Supervisor
-from app.runtime import Runtime
+from app.runtime import Runtime, settle_collector
 from app.services.startup import start_services
 from app.settings import Settings
 from app.ui.routes import mount_console
@@ -81,7 +80,7 @@ def create_app(
         app.state.engine = await runtime.start()
         app.state.key_ring = runtime.key_ring
         app.state.quotas = Quotas(app.state.engine, settings)
-        # Before the first request (and before gc.freeze below): the create path's sessions
+        # Before the first request (and before settle_collector below): the create path's sessions
         # and statements, so a restart's first requests are not the ones that pay for them.
         try:
             await warm_up_api(app.state.engine, settings.db_pool_size)
@@ -103,8 +102,7 @@ def create_app(
         )
         # /readyz follows this process's commits and the cluster's schedulers from now on.
         app.state.db_watch = DB_WATCH
-        # What start-up made lives as long as the process: out of the collector's way.
-        gc.freeze()
+        settle_collector()
         watcher = None
         if supervisor is not None:
             supervisor.start()
