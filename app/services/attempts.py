@@ -9,6 +9,7 @@ between its claim and its outcome's record.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import logging
@@ -98,6 +99,11 @@ class AttemptRunner:
         """The POST (after the misfire and hand-off steps of a recurring job) and the step it
         leads to (or, for an async delivery answered 202, the attempt left open); None when
         nothing was sent (untrusted lease, nothing due, lease lost)."""
+        # Claimed a little ahead (SchedulerConfig.claim_ahead_s): nothing happens before its
+        # due time, on the database's clock.
+        early_s = _until_due_s(job, claimed_mono)
+        if early_s > 0:
+            await asyncio.sleep(early_s)
         partition = job.partition
         if not await self._still_trusted(job, partition, epoch, claimed_mono):
             return None
@@ -207,6 +213,14 @@ class AttemptRunner:
         if not applied or plan.deliver_at is None:
             return None
         return dataclasses.replace(job, scheduled_for=plan.deliver_at)
+
+
+def _until_due_s(job: ClaimedJob, claimed_mono: float) -> float:
+    """Seconds until the job's due time on the database's clock (<= 0: due). claimed_at is the
+    claim statement's now(), read before it returned, so the wait errs late, never early."""
+    if job.due_at is None:
+        return 0.0
+    return (job.due_at - job.claimed_at).total_seconds() - (time.monotonic() - claimed_mono)
 
 
 def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:

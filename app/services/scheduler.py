@@ -87,7 +87,7 @@ class Scheduler:
         self._tasks: dict[asyncio.Task[None], uuid.UUID] = {}
         self.claim_answers = ClaimAnswers(engine, config.replica_id, config.lease_s)
         self._started = False
-        self._wake_plan = WakePlan(self.wake)
+        self._wake_plan = WakePlan(self.wake, config.claim_ahead_s)
         self._last_claim_mono = float("-inf")
         # Free delivery slots worth a claim while deliveries are in flight.
         self._refill = max(1, min(config.batch_size, config.concurrency) // 2)
@@ -166,6 +166,7 @@ class Scheduler:
                         held,
                         self.config.priority_aging_s,
                         self.shares.claim_shares(),
+                        self.config.claim_ahead_s,
                     )
             except Exception as exc:
                 self.claim_answers.failed(exc)

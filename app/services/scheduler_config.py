@@ -17,6 +17,7 @@ class SchedulerConfig:
     batch_size: int = default_of("batch_size")
     concurrency: int = default_of("concurrency")
     poll_interval_s: float = default_of("poll_interval_s")
+    claim_ahead_s: float = default_of("claim_ahead_s")
     lease_s: float = default_of("lease_s")
     max_target_timeout_s: float = default_of("max_target_timeout_s")
     lease_margin_s: float = default_of("lease_margin_s")

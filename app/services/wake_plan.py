@@ -1,6 +1,7 @@
 """When an idle scheduler wakes: at the next due time it learnt from its last claim, or
 earlier when a NOTIFY (app/services/due_listener.py) announces a job due before that; at
-most one poll interval later either way.
+most one poll interval later either way. It wakes `ahead_s` before a due time: the claim
+takes jobs that close to due (SchedulerConfig.claim_ahead_s).
 
 Due times come on the database's clock; waits run on the local monotonic clock. The offset
 between them is taken from the database's now() read with each next-due probe.
@@ -14,8 +15,9 @@ import time
 
 
 class WakePlan:
-    def __init__(self, wake: asyncio.Event) -> None:
+    def __init__(self, wake: asyncio.Event, ahead_s: float = 0.0) -> None:
         self._wake = wake
+        self._ahead_s = ahead_s
         self._next_due_mono: float | None = None
         self._planned_mono: float | None = None
         # The database's clock as epoch seconds = local monotonic time + this offset.
@@ -28,7 +30,7 @@ class WakePlan:
     def note_next_due(self, db_now: dt.datetime, next_due_at: dt.datetime | None) -> None:
         self._db_offset_s = db_now.timestamp() - time.monotonic()
         if next_due_at is not None:
-            self._next_due_mono = next_due_at.timestamp() - self._db_offset_s
+            self._next_due_mono = next_due_at.timestamp() - self._db_offset_s - self._ahead_s
 
     def wait_s(self, poll_interval_s: float) -> float:
         """How long to sleep: until the next known due time, at most one poll interval."""
@@ -46,7 +48,7 @@ class WakePlan:
         if due_epoch_s is None or self._db_offset_s is None:
             self._wake.set()
             return
-        due_mono = due_epoch_s - self._db_offset_s
+        due_mono = due_epoch_s - self._db_offset_s - self._ahead_s
         if self._planned_mono is not None and due_mono >= self._planned_mono:
             return
         self._planned_mono = due_mono

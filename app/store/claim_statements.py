@@ -78,7 +78,7 @@ def claim_statement(fenced: bool, skipping_full: bool) -> DriverStatement:
     saturated = target_saturated_ids().cte("saturated")
     conditions = [
         state_in(CLAIMABLE_STATES),
-        jobs.c.run_at <= func.now(),
+        jobs.c.run_at <= _claim_horizon(),
         # A target at its limit does not crowd the batch: its jobs wait, others go ahead. A
         # paused one's (or its tenant's) wait for the resume: the reaper holds them soon
         # (app/services/hold_watch.py), so that no scan walks past them.
@@ -122,6 +122,14 @@ def claim_statement(fenced: bool, skipping_full: bool) -> DriverStatement:
         .order_by(due.c.rank)
     )
     return DriverStatement(claim)
+
+
+def _claim_horizon() -> Any:
+    """The latest run_at a claim takes: now, or `ahead_s` later. A scheduler claims the jobs
+    falling due within its next ~25 ms and holds each until its due time (app/services/
+    attempts.py), so the POST leaves at the due time rather than a claim's round trip after
+    it; the next-due probe looks beyond the same horizon."""
+    return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("ahead_s", type_=Double))
 
 
 def _lease_values() -> dict[str, Any]:
@@ -296,7 +304,7 @@ def _next_due_at(fenced: bool) -> Any:
         .where(
             state_in(CLAIMABLE_STATES),
             jobs.c.priority == int_constant(level),
-            jobs.c.run_at > func.now(),
+            jobs.c.run_at > _claim_horizon(),
             jobs.c.run_at < HELD,
             *([partition_held] if fenced else []),
         )
@@ -325,7 +333,7 @@ def _limited_conditions(fenced: bool) -> list[ColumnElement[bool]]:
     conditions = [
         jobs.c.id == func.any(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
         state_in(CLAIMABLE_STATES),
-        jobs.c.run_at <= func.now(),
+        jobs.c.run_at <= _claim_horizon(),
     ]
     if fenced:
         conditions.append(jobs.c.partition == func.any(_owned_partitions()))

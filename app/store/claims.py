@@ -97,10 +97,13 @@ async def job_claim_batch(
     held: dict[int, int] | None = None,
     aging_s: float = default_of("priority_aging_s"),
     shares: ClaimShares | None = None,
+    ahead_s: float = 0.0,
 ) -> ClaimBatch:
     """Leases up to `limit` due jobs to `owner`, highest effective priority first (priority
     plus one level per `aging_s` waited), then oldest due first, each tenant and each target
     without a max_in_flight of its own within its free share of `shares` (None: no shares).
+    `ahead_s` > 0 also takes jobs due within that many seconds: the caller must not deliver
+    one before its due time (ClaimedJob.due_at).
 
     `held` (partition -> epoch) fences the claim by ownership: only jobs in partitions whose
     lease row still names `owner` with that epoch, unexpired, are taken. None claims from
@@ -110,7 +113,13 @@ async def job_claim_batch(
     """
     if held is not None and not held:
         raise ValueError("held names no partition: nothing may be claimed")
-    params: dict[str, Any] = {"owner": owner, "limit": limit, "lease_s": lease_s, "aging_s": aging_s}
+    params: dict[str, Any] = {
+        "owner": owner,
+        "limit": limit,
+        "lease_s": lease_s,
+        "aging_s": aging_s,
+        "ahead_s": ahead_s,
+    }
     params.update(share_params(shares, limit))
     skipping_full = bool(params["full_tenants"] or params["full_targets"])
     if held is not None:
@@ -180,7 +189,12 @@ async def _lease_limited(
     the claim statement's row locks are gone: the candidates are locked again, each checked
     to be still waiting, due and held)."""
     fenced = "epoch_by_partition" in params
-    values = {"ids": [row["candidate_id"] for row in limited_rows], "owner": owner, "lease_s": lease_s}
+    values = {
+        "ids": [row["candidate_id"] for row in limited_rows],
+        "owner": owner,
+        "lease_s": lease_s,
+        "ahead_s": params.get("ahead_s", 0.0),
+    }
     if fenced:
         values["epoch_by_partition"] = params["epoch_by_partition"]
     async with _transaction(conn):

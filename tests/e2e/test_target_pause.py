@@ -185,9 +185,13 @@ async def test_drain_rate_spreads_the_release_in_the_occurrences_order(
     due = await times(jobs.c.run_at)
     assert all(abs((b - a).total_seconds() - 1 / rate) < 0.001 for a, b in itertools.pairwise(due)), due
     await drive(scheduler, lambda: len(at(receiver, "/work")) == 6, message="all six")
-    # None claimed before its turn (on the database's clock), each once.
+    # None POSTed before its turn (the database and the receiver share this machine's clock),
+    # nor claimed earlier than the scheduler's claim-ahead allows; each once.
+    posted = {r.headers["cronhook-job-id"]: r.at for r in at(receiver, "/work")}
+    assert all(posted[job["id"]] >= due_at.timestamp() for job, due_at in zip(made, due, strict=True)), (posted, due)
+    ahead = dt.timedelta(seconds=scheduler.config.claim_ahead_s)
     claimed = await times(jobs.c.occurrence_claimed_at)
-    assert all(claimed_at >= due_at for claimed_at, due_at in zip(claimed, due, strict=True)), (claimed, due)
+    assert all(claimed_at >= due_at - ahead for claimed_at, due_at in zip(claimed, due, strict=True)), (claimed, due)
     assert len({r.headers["webhook-id"] for r in at(receiver, "/work")}) == 6
 
 

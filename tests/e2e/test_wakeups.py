@@ -60,6 +60,44 @@ async def test_a_job_due_in_a_moment_is_claimed_at_its_due_time_not_at_the_next_
     assert receiver.requests[0].headers["cronhook-job-id"] == job["id"]
 
 
+async def test_a_job_claimed_ahead_of_its_due_time_is_posted_at_it_never_before(
+    engine: AsyncEngine, settings: Settings, client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver
+) -> None:
+    # The longest claim-ahead allowed (1 s, the default is 25 ms): a POST made at the claim
+    # rather than at the due time would arrive most of a second early.
+    config = dataclasses.replace(
+        SchedulerConfig.from_settings(settings), poll_interval_s=LONG_POLL_S, claim_ahead_s=1.0
+    )
+    scheduler = Scheduler(engine, config, TEST_KEY_RING)
+    stop = asyncio.Event()
+    task = asyncio.create_task(scheduler.run_forever(stop))
+    try:
+        await wait_for(lambda: scheduler.ownership.held(), timeout=15, message="partitions owned")
+        target = await make_target(client, auth, receiver.url())
+        jobs = [await make_job(client, auth, target["id"], delay_s=2.0 + i / 4) for i in range(4)]
+        due = {job["id"]: dt.datetime.fromisoformat(job["next_run_at"]).timestamp() for job in jobs}
+
+        async def leased_before_any_post() -> bool:
+            state = (await client.get(f"/v1/jobs/{jobs[0]['id']}", headers=auth)).json()["state"]
+            return state == "running" and not receiver.requests
+
+        # Claimed (leased) up to a second ahead, while nothing has been POSTed yet.
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await leased_before_any_post():
+            assert asyncio.get_running_loop().time() < deadline, "the first job was never leased ahead of its POST"
+            await asyncio.sleep(0.02)
+        await wait_for(lambda: len(receiver.requests) == len(jobs), timeout=20, message="all four delivered")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await scheduler.close(grace_s=5)
+    for request in receiver.requests:
+        job_id = request.headers["cronhook-job-id"]
+        # The database and the receiver share this machine's clock.
+        assert request.at >= due[job_id], f"{job_id} POSTed {due[job_id] - request.at:.3f} s before its due time"
+        assert request.at - due[job_id] < 0.5
+
+
 async def test_a_paused_job_resumed_when_due_is_delivered_before_the_next_poll(
     client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver, sleepy_scheduler: Scheduler
 ) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.services.reaper import Reaper, ReaperConfig, ReaperPass, RetentionPass
-from app.store.claims import job_claim_due
+from app.store.claims import job_claim_batch, job_claim_due
 from app.store.lease_writes import job_release_claim
 from app.store.outcomes import job_finish_attempts
 from app.store.tables import dead_letters, jobs, runs
@@ -43,6 +43,27 @@ async def test_concurrent_claims_are_disjoint_and_skip_future_jobs(engine: Async
     assert len(claimed) == len(set(claimed)) == 60
     assert set(claimed) == {str(i) for i in due}
     assert (await states(engine)) == Counter({"running": 60, "scheduled": 5})
+
+
+async def test_a_claim_ahead_takes_jobs_due_within_its_horizon_and_says_when_the_rest_are(
+    engine: AsyncEngine,
+) -> None:
+    """What the scheduler's claim_ahead_s rests on: jobs due within `ahead_s` are leased with
+    the due time they must wait for, later ones are left, and the next-due time the claim
+    reports is beyond the horizon (else an idle scheduler would wake for jobs it has)."""
+    tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    soon = set(await make_jobs(engine, tenant, target, 3, due_in_s=20))
+    later = await make_jobs(engine, tenant, target, 2, due_in_s=120)
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        batch = await job_claim_batch(conn, TEST_KEY_RING, "replica-a", 10, 300, ahead_s=60)
+    assert {job.id for job in batch.jobs} == soon
+    for job in batch.jobs:
+        assert job.due_at is not None and (job.due_at - job.claimed_at).total_seconds() > 15
+    async with engine.connect() as conn:
+        later_run_at = await conn.scalar(select(func.min(jobs.c.run_at)).where(jobs.c.id.in_(later)))
+    assert batch.next_due_at == later_run_at
+    assert (await states(engine)) == Counter({"running": 3, "scheduled": 2})
 
 
 async def test_a_stale_lease_cannot_record_an_outcome(engine: AsyncEngine) -> None:
