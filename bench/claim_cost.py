@@ -46,6 +46,7 @@ from sqlalchemy import text
 from app.domain.fair_share import SlotShares
 from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
+from app.runtime import settle_collector
 from app.store.claims import job_claim_batch
 from app.store.outcomes import job_finish_attempts
 from app.store.partitions import partition_acquire
@@ -98,6 +99,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             # PostgreSQL's CPU per statement kind, read around each statement.
             claim_pg_s = finish_pg_s = 0.0
             done = claims = 0
+            # The collector as a scheduler process runs it once started (app/runtime.py).
+            settle_collector()
             pg0, cpu0, wall0 = process_cpu_s(pid), self_cpu_s(), time.perf_counter()
             while True:
                 t, pg_t = time.perf_counter(), process_cpu_s(pid)
