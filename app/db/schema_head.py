@@ -10,7 +10,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from app.db.async_engine import AsyncEngine
 
-SCHEMA_HEAD = "0025"
+SCHEMA_HEAD = "0026"
 
 _REVISION = text("SELECT version_num FROM alembic_version")
 

@@ -19,9 +19,9 @@ from sqlalchemy.engine import RowMapping
 from app.db.async_engine import AsyncConnection
 from app.domain.completion import ASYNC_OWNER
 from app.domain.signing import new_signing_secret
-from app.domain.states import TERMINAL_STATES, JobState
+from app.domain.states import JobState
 from app.keyring import SIGNING_SECRET, KeyRing
-from app.store.tables import jobs, state_in, targets, tenants
+from app.store.tables import NOT_WAITING_STATES, jobs, state_in, targets, tenants
 
 # Everything but the secret: reads never return it.
 PUBLIC_COLUMNS = (
@@ -192,15 +192,19 @@ async def target_rotate_secret(
     return secret
 
 
+def unfinished_jobs_count(tenant_id: Any, target_id: Any | None = None) -> Any:
+    """The count of a tenant's (or one of its targets') unfinished jobs, as an expression: its
+    waiting jobs (ix_jobs_tenant_waiting) plus its running ones (ix_jobs_running), each
+    condition spelled as its index's predicate."""
+    of_target = [] if target_id is None else [jobs.c.target_id == target_id]
+    waiting = select(func.count()).where(jobs.c.tenant_id == tenant_id, *of_target, ~state_in(NOT_WAITING_STATES))
+    running = select(func.count()).where(*of_target, jobs.c.tenant_id == tenant_id, state_in([JobState.RUNNING]))
+    return waiting.scalar_subquery() + running.scalar_subquery()
+
+
 async def target_count_active_jobs(conn: AsyncConnection, target_id: uuid.UUID) -> int:
-    # With the target's tenant, so ix_jobs_tenant_active answers it.
     tenant_id = select(targets.c.tenant_id).where(targets.c.id == target_id).scalar_subquery()
-    stmt = select(func.count()).where(
-        jobs.c.tenant_id == tenant_id,
-        jobs.c.target_id == target_id,
-        jobs.c.state.not_in([s.value for s in TERMINAL_STATES]),
-    )
-    return int(await conn.scalar(stmt) or 0)
+    return int(await conn.scalar(select(unfinished_jobs_count(tenant_id, target_id))) or 0)
 
 
 async def target_lock_for_delete(conn: AsyncConnection, tenant_id: uuid.UUID, target_id: uuid.UUID) -> bool:

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.store.claims import job_claim_due
 from app.store.tables import targets
-from tests.conftest import make_job, make_target, new_tenant
+from tests.conftest import TEST_KEY_RING, make_job, make_target, new_tenant
 from tests.problems import assert_problem
 
 
@@ -77,6 +78,23 @@ async def test_patch_changes_only_given_fields(client: httpx.AsyncClient, auth: 
     assert_problem(bad, 422, "url")
     null_name = await client.patch(f"/v1/targets/{target['id']}", json={"name": None}, headers=auth)
     assert null_name.status_code == 422 and null_name.json()["errors"][0]["field"] == "name"
+
+
+async def test_a_targets_running_jobs_count_as_active_beside_its_waiting_ones(
+    client: httpx.AsyncClient, auth: dict[str, str], engine: AsyncEngine
+) -> None:
+    # Waiting and running jobs are counted by two indexes (migration 0026): both must count,
+    # and another target's jobs must not.
+    target = await make_target(client, auth, "http://example.test/a")
+    other = await make_target(client, auth, "http://example.test/b")
+    await make_job(client, auth, other["id"], delay_s=600)
+    await make_job(client, auth, target["id"], delay_s=600)
+    await make_job(client, auth, target["id"])  # due at once: claimed below
+    async with engine.begin() as conn:
+        (claimed,) = await job_claim_due(conn, TEST_KEY_RING, "replica-a", 10, 300)
+    assert str(claimed.target_id) == target["id"]
+    refused = await client.delete(f"/v1/targets/{target['id']}", headers=auth)
+    assert refused.status_code == 409 and refused.json()["active_jobs"] == 2
 
 
 async def test_delete_refuses_while_jobs_are_active_then_succeeds(
