@@ -356,6 +356,12 @@ class Settings(BaseSettings):
                 f"({self.max_target_timeout_s:g}) plus CRONHOOK_LEASE_MARGIN_S ({self.lease_margin_s:g}), "
                 "so that a delivery in flight never outlives its lease"
             )
+        if self.claim_ahead_s >= self.lease_s - self.max_target_timeout_s - self.lease_margin_s:
+            raise ValueError(
+                f"CRONHOOK_CLAIM_AHEAD_S={self.claim_ahead_s:g} must be shorter than CRONHOOK_LEASE_S less "
+                "CRONHOOK_MAX_TARGET_TIMEOUT_S and CRONHOOK_LEASE_MARGIN_S, the time a claimed job's POST may "
+                "still start"
+            )
         if not partition_lease_survives_renewals(self.partition_lease_s, self.partition_renew_s):
             raise ValueError(
                 f"CRONHOOK_PARTITION_LEASE_S={self.partition_lease_s:g} must be at least "

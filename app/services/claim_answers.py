@@ -26,10 +26,11 @@ class ClaimAnswers:
     """The last answered claim's database time, and whether a claim failed since with its
     answer lost."""
 
-    def __init__(self, engine: AsyncEngine, owner: str, lease_s: float) -> None:
+    def __init__(self, engine: AsyncEngine, owner: str, lease_s: float, ahead_s: float = 0.0) -> None:
         self._engine = engine
         self._owner = owner
         self._lease_s = lease_s
+        self._ahead_s = ahead_s
         self.answered_db_now: dt.datetime | None = None
         self.lost = False
 
@@ -50,7 +51,7 @@ class ClaimAnswers:
         if self.answered_db_now is not None:
             async with self._engine.begin() as conn:
                 released = await job_release_unanswered_claim(
-                    conn, self._owner, self.answered_db_now, self._lease_s, list(in_flight)
+                    conn, self._owner, self.answered_db_now, self._lease_s, list(in_flight), self._ahead_s
                 )
             if released:
                 log_event(logger, "unanswered_claim_released", logging.WARNING, released=released)

@@ -85,7 +85,7 @@ class Scheduler:
         self.attempts = AttemptRunner(engine, config, key_ring, self.ownership, self._rng)
         # Deliveries in flight, with the lease token each holds.
         self._tasks: dict[asyncio.Task[None], uuid.UUID] = {}
-        self.claim_answers = ClaimAnswers(engine, config.replica_id, config.lease_s)
+        self.claim_answers = ClaimAnswers(engine, config.replica_id, config.lease_s, config.claim_ahead_s)
         self._started = False
         self._wake_plan = WakePlan(self.wake, config.claim_ahead_s)
         self._last_claim_mono = float("-inf")

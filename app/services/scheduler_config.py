@@ -36,6 +36,9 @@ class SchedulerConfig:
             raise ValueError("lease_s must exceed max_target_timeout_s + lease_margin_s")
         if self.batch_size < 1 or self.concurrency < 1 or self.poll_interval_s <= 0:
             raise ValueError("batch_size, concurrency and poll_interval_s must be positive")
+        if not 0 <= self.claim_ahead_s < self.post_start_window_s:
+            # A job claimed ahead waits that long before its POST may start.
+            raise ValueError("claim_ahead_s must be shorter than lease_s - max_target_timeout_s - lease_margin_s")
         if not 0 < self.tenant_max_share <= 1 or self.target_default_max_in_flight < 1:
             raise ValueError("tenant_max_share must be in (0, 1] and target_default_max_in_flight positive")
 

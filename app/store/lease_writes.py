@@ -59,15 +59,16 @@ async def job_quarantine(conn: AsyncConnection, job_id: uuid.UUID, lease_token: 
     log_event(logger, "job_quarantined", logging.ERROR, job_id=str(job_id), error=error.split(":")[0])
 
 
-def _unstarted_claim_handed_back() -> dict[str, Any]:
-    """A claim handed back before any POST: waiting again at once, the attempt not counted."""
+def _unstarted_claim_handed_back(run_at: Any = None) -> dict[str, Any]:
+    """A claim handed back before any POST: waiting again at once (or at `run_at`), the
+    attempt not counted."""
     return {
         "state": case(
             (jobs.c.attempt > 1, cast(literal(JobState.RETRYING.value), job_state)),
             else_=cast(literal(JobState.SCHEDULED.value), job_state),
         ),
         "attempt": jobs.c.attempt - 1,
-        "run_at": func.now(),
+        "run_at": func.now() if run_at is None else run_at,
         **NO_LEASE,
         "updated_at": func.now(),
     }
@@ -90,12 +91,16 @@ async def job_release_unanswered_claim(
     answered_db_now: dt.datetime,
     lease_s: float,
     in_flight: list[uuid.UUID],
+    ahead_s: float = 0.0,
 ) -> int:
     """Hands back what a claim whose answer was lost leased to `owner` (the connection died
     around its commit). No POST was made for those jobs, so, as job_release_claim, the
     attempt is not counted. They are `owner`'s running jobs not in flight whose lease is
     newer than any it saw (those end by `answered_db_now` + `lease_s`; nothing extends a
     lease) and still unexpired (an expired one is the reaper's, which counts the attempt).
+    The lease cleared their run_at, and the claim may have taken them up to `ahead_s` before
+    it was due (SchedulerConfig.claim_ahead_s): they wait again until the claim's time (their
+    lease's start) plus `ahead_s`, so that no later claim POSTs one early.
     Not a hot path: built per call."""
     conditions = [
         jobs.c.state == JobState.RUNNING,
@@ -105,7 +110,9 @@ async def job_release_unanswered_claim(
     ]
     if in_flight:
         conditions.append(jobs.c.lease_token.not_in(in_flight))
-    stmt = update(jobs).where(*conditions).values(**_unstarted_claim_handed_back()).returning(jobs.c.id)
+    claimed_at = jobs.c.lease_expires_at - dt.timedelta(seconds=lease_s)
+    not_before = func.greatest(func.now(), claimed_at + dt.timedelta(seconds=ahead_s))
+    stmt = update(jobs).where(*conditions).values(**_unstarted_claim_handed_back(not_before)).returning(jobs.c.id)
     return len((await conn.execute(stmt)).all())
 
 

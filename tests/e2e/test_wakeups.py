@@ -74,7 +74,8 @@ async def test_a_job_claimed_ahead_of_its_due_time_is_posted_at_it_never_before(
     try:
         await wait_for(lambda: scheduler.ownership.held(), timeout=15, message="partitions owned")
         target = await make_target(client, auth, receiver.url())
-        jobs = [await make_job(client, auth, target["id"], delay_s=2.0 + i / 4) for i in range(4)]
+        # Due 4 s on: however slow the four creates, none is due before the watch below starts.
+        jobs = [await make_job(client, auth, target["id"], delay_s=4.0 + i / 4) for i in range(4)]
         due = {job["id"]: dt.datetime.fromisoformat(job["next_run_at"]).timestamp() for job in jobs}
 
         async def leased_before_any_post() -> bool:
@@ -95,7 +96,8 @@ async def test_a_job_claimed_ahead_of_its_due_time_is_posted_at_it_never_before(
         job_id = request.headers["cronhook-job-id"]
         # The database and the receiver share this machine's clock.
         assert request.at >= due[job_id], f"{job_id} POSTed {due[job_id] - request.at:.3f} s before its due time"
-        assert request.at - due[job_id] < 0.5
+        # At its due time, give or take a busy machine: not a claim-ahead's second late either.
+        assert request.at - due[job_id] < 2.0
 
 
 async def test_a_paused_job_resumed_when_due_is_delivered_before_the_next_poll(

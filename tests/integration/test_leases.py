@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import random
 from collections import Counter
 
@@ -13,7 +14,7 @@ from app.domain.job import AttemptOutcome, FinishedAttempt, RunOutcome
 from app.domain.lifecycle import after_attempt
 from app.services.reaper import Reaper, ReaperConfig, ReaperPass, RetentionPass
 from app.store.claims import job_claim_batch, job_claim_due
-from app.store.lease_writes import job_release_claim
+from app.store.lease_writes import job_release_claim, job_release_unanswered_claim
 from app.store.outcomes import job_finish_attempts
 from app.store.tables import dead_letters, jobs, runs
 from app.store.targets import target_get_signing_secret, target_rotate_secret, target_update
@@ -64,6 +65,29 @@ async def test_a_claim_ahead_takes_jobs_due_within_its_horizon_and_says_when_the
         later_run_at = await conn.scalar(select(func.min(jobs.c.run_at)).where(jobs.c.id.in_(later)))
     assert batch.next_due_at == later_run_at
     assert (await states(engine)) == Counter({"running": 3, "scheduled": 2})
+
+
+async def test_a_lost_claim_answer_hands_its_jobs_back_not_before_they_were_due(engine: AsyncEngine) -> None:
+    """A claim whose answer was lost (the connection died around its commit) is handed back
+    on the next pass; its jobs may have been claimed ahead of their due time, which the lease
+    cleared, so they wait again at least until the claim's time plus the claim-ahead: a later
+    claim must not POST them early."""
+    tenant, target = await make_tenant_and_target(engine, "http://127.0.0.1:9/")
+    (job_id,) = await make_jobs(engine, tenant, target, 1, due_in_s=20)
+    async with engine.connect() as conn:
+        due = await conn.scalar(select(jobs.c.run_at).where(jobs.c.id == job_id))
+        answered_before: dt.datetime = (await conn.execute(select(func.now()))).scalar_one()
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        (claimed,) = (await job_claim_batch(conn, TEST_KEY_RING, "replica-a", 10, 300, ahead_s=60)).jobs
+    async with engine.begin() as conn:
+        released = await job_release_unanswered_claim(conn, "replica-a", answered_before, 300, [], ahead_s=60)
+    assert released == 1
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(jobs.c.state, jobs.c.run_at, jobs.c.attempt).where(jobs.c.id == job_id))).one()
+    assert row.state.value == "scheduled" and row.attempt == 0
+    assert row.run_at >= due
+    assert row.run_at >= claimed.claimed_at + dt.timedelta(seconds=60)
 
 
 async def test_a_stale_lease_cannot_record_an_outcome(engine: AsyncEngine) -> None:

@@ -66,6 +66,13 @@ def test_lease_shorter_than_http_deadline_is_refused_at_start() -> None:
     assert Settings(lease_s=40, max_target_timeout_s=30).lease_s == 40
 
 
+def test_a_claim_ahead_longer_than_a_posts_start_window_is_refused_at_start() -> None:
+    # lease 35.5 - timeout 30 - margin 5: a claimed job's POST may start within 0.5 s.
+    with pytest.raises(ValidationError, match="CRONHOOK_CLAIM_AHEAD_S"):
+        Settings(lease_s=35.5, max_target_timeout_s=30, lease_margin_s=5, claim_ahead_s=0.5)
+    assert Settings(lease_s=35.5, max_target_timeout_s=30, lease_margin_s=5, claim_ahead_s=0.4).claim_ahead_s == 0.4
+
+
 @pytest.mark.parametrize(
     ("sqlstate", "transient"),
     [
