@@ -1,5 +1,6 @@
-"""The claim's statements, each built once per variant (app/store/claims.py runs them), and
-the bind parameters they take. Rendered for reading in app/store/sql/ (job_claim_due.sql...).
+"""The claim's statements, each built once per variant (app/store/claims.py runs them, with
+the bind parameters of app/store/claim_params.py). Rendered for reading in app/store/sql/
+(job_claim_due.sql...).
 
 One statement claims a batch: the candidate scans lock due jobs with SKIP LOCKED, the
 ranking keeps each within its fair share, the jobs of targets without a delivery limit are
@@ -22,7 +23,6 @@ and level, however deep that backlog is.
 from __future__ import annotations
 
 import functools
-import uuid
 from typing import Any
 
 from sqlalchemy import (
@@ -48,17 +48,11 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.sql.elements import Grouping
 
 from app.db.driver import DriverStatement
-from app.domain.fair_share import ClaimShares
-from app.domain.partition import PARTITION_COUNT
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.states import CLAIMABLE_STATES, JobState
 from app.store.job_rows import CLAIMED_JOB_COLUMNS, HELD
 from app.store.tables import int_constant, jobs, partition_leases, state_in, targets, tenants
 from app.store.targets import target_saturated_ids
-
-# The most tenants one claim that skips full tenants looks at (the next claim starts at
-# another one).
-TENANT_PAGE = 200
 
 _UUIDS = ARRAY(UUID(as_uuid=True))
 
@@ -129,7 +123,9 @@ def _claim_horizon() -> Any:
     falling due within its next ~25 ms and holds each until its due time (app/services/
     attempts.py), so the POST leaves at the due time rather than a claim's round trip after
     it; the next-due probe looks beyond the same horizon."""
-    return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("ahead_s", type_=Double))
+    # One bind parameter times a constant interval: make_interval(0, 0, 0, 0, 0, 0, x) would
+    # add six constant parameters to every scan that reads the horizon (all sent with each claim).
+    return func.now() + bindparam("ahead_s", type_=Double) * literal_column("interval '1 second'")
 
 
 def _lease_values() -> dict[str, Any]:
@@ -361,45 +357,3 @@ def lease_limited_statement(fenced: bool) -> Any:
         .where(*_limited_conditions(fenced), targets.c.id == jobs.c.target_id)
         .returning(*CLAIMED_JOB_COLUMNS)
     )
-
-
-def share_params(shares: ClaimShares | None, limit: int) -> dict[str, Any]:
-    """The claim's fair-share bind parameters (None: no shares, for tools and tests)."""
-    shares = shares or ClaimShares(tenant_share=limit, target_cap=limit)
-    return {
-        "tenant_ids": list(shares.tenant_free),
-        "tenant_free": list(shares.tenant_free.values()),
-        "tenant_share": shares.tenant_share,
-        "target_ids": list(shares.target_free),
-        "target_free": list(shares.target_free.values()),
-        "target_cap": shares.target_cap,
-        "full_tenants": shares.full_tenants,
-        "full_targets": shares.full_targets,
-        "tenant_page": TENANT_PAGE,
-        "tenant_after": uuid.uuid4(),
-    }
-
-
-def epochs_by_partition(held: dict[int, int]) -> list[int | None]:
-    """The held epochs as the claim takes them: element `partition` is its epoch, None
-    where the partition is not held."""
-    epochs: list[int | None] = [None] * PARTITION_COUNT
-    for partition, epoch in held.items():
-        epochs[partition] = epoch
-    return epochs
-
-
-@functools.lru_cache(maxsize=8)
-def _held_partition_text(held: tuple[tuple[int, int], ...]) -> tuple[str, str]:
-    epochs = epochs_by_partition(dict(held))
-    partitions = "{" + ",".join(str(partition) for partition, _ in held) + "}"
-    return partitions, "{" + ",".join("NULL" if epoch is None else str(epoch) for epoch in epochs) + "}"
-
-
-def held_partition_params(held: dict[int, int]) -> dict[str, str]:
-    """The claim's `partitions` and `epoch_by_partition`, as PostgreSQL array text. Sent as
-    arrays, their 512 elements cost asyncpg an encoding and an isinstance check each, on
-    every claim (a third of a small claim's client CPU); as text they are one string the
-    server parses, and the same held partitions give the same strings (cached)."""
-    partitions, epochs = _held_partition_text(tuple(held.items()))
-    return {"partitions": partitions, "epoch_by_partition": epochs}

@@ -26,13 +26,8 @@ from app.domain.job import ClaimedJob
 from app.keyring import KeyRing
 from app.logs import log_event
 from app.settings import default_of
-from app.store.claim_statements import (
-    claim_statement,
-    held_partition_params,
-    lease_limited_statement,
-    lock_limited_statement,
-    share_params,
-)
+from app.store.claim_params import held_partition_params, share_params
+from app.store.claim_statements import claim_statement, lease_limited_statement, lock_limited_statement
 from app.store.job_rows import claimed_from_row
 from app.store.lease_writes import job_quarantine
 from app.store.targets import target_take_delivery_slots

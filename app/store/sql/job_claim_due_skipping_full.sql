@@ -6,85 +6,19 @@
 --   :greatest_3 = 1.0
 --   :least_1 = 1
 --   :greatest_1 = 0
---   :make_interval_61 = 0
---   :make_interval_62 = 0
---   :make_interval_63 = 0
---   :make_interval_64 = 0
---   :make_interval_65 = 0
---   :make_interval_66 = 0
 --   :partition_1 = 1
 --   :coalesce_1 = -1
 --   :param_1 = 'running'
 --   :param_2 = None
 --   :attempt_1 = 1
 --   :attempt_2 = 0
---   :make_interval_67 = 0
---   :make_interval_68 = 0
---   :make_interval_69 = 0
---   :make_interval_70 = 0
---   :make_interval_71 = 0
---   :make_interval_72 = 0
---   :param_3 = None
 --   :make_interval_1 = 0
 --   :make_interval_2 = 0
 --   :make_interval_3 = 0
 --   :make_interval_4 = 0
 --   :make_interval_5 = 0
 --   :make_interval_6 = 0
---   :make_interval_7 = 0
---   :make_interval_8 = 0
---   :make_interval_9 = 0
---   :make_interval_10 = 0
---   :make_interval_11 = 0
---   :make_interval_12 = 0
---   :make_interval_13 = 0
---   :make_interval_14 = 0
---   :make_interval_15 = 0
---   :make_interval_16 = 0
---   :make_interval_17 = 0
---   :make_interval_18 = 0
---   :make_interval_19 = 0
---   :make_interval_20 = 0
---   :make_interval_21 = 0
---   :make_interval_22 = 0
---   :make_interval_23 = 0
---   :make_interval_24 = 0
---   :make_interval_25 = 0
---   :make_interval_26 = 0
---   :make_interval_27 = 0
---   :make_interval_28 = 0
---   :make_interval_29 = 0
---   :make_interval_30 = 0
---   :make_interval_31 = 0
---   :make_interval_32 = 0
---   :make_interval_33 = 0
---   :make_interval_34 = 0
---   :make_interval_35 = 0
---   :make_interval_36 = 0
---   :make_interval_37 = 0
---   :make_interval_38 = 0
---   :make_interval_39 = 0
---   :make_interval_40 = 0
---   :make_interval_41 = 0
---   :make_interval_42 = 0
---   :make_interval_43 = 0
---   :make_interval_44 = 0
---   :make_interval_45 = 0
---   :make_interval_46 = 0
---   :make_interval_47 = 0
---   :make_interval_48 = 0
---   :make_interval_49 = 0
---   :make_interval_50 = 0
---   :make_interval_51 = 0
---   :make_interval_52 = 0
---   :make_interval_53 = 0
---   :make_interval_54 = 0
---   :make_interval_55 = 0
---   :make_interval_56 = 0
---   :make_interval_57 = 0
---   :make_interval_58 = 0
---   :make_interval_59 = 0
---   :make_interval_60 = 0
+--   :param_3 = None
 
 WITH
   tenant_page AS
@@ -197,7 +131,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -232,7 +166,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -267,7 +201,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -302,7 +236,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -337,7 +271,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -372,7 +306,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -407,7 +341,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -442,7 +376,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -477,7 +411,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -512,7 +446,7 @@ WITH
                      WHERE jobs.state IN (
                                             'scheduled',
                                             'retrying')
-                       AND jobs.run_at <= now() + make_interval(:make_interval_61::INTEGER, :make_interval_62::INTEGER, :make_interval_63::INTEGER, :make_interval_64::INTEGER, :make_interval_65::INTEGER, :make_interval_66::INTEGER, :ahead_s::FLOAT)
+                       AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
                        AND (jobs.target_id NOT IN
                               (SELECT saturated.id
                                FROM saturated))
@@ -551,7 +485,7 @@ WITH
      END,
      lease_owner=:owner::VARCHAR,
      lease_token=gen_random_uuid(),
-     lease_expires_at=(now() + make_interval(:make_interval_67::INTEGER, :make_interval_68::INTEGER, :make_interval_69::INTEGER, :make_interval_70::INTEGER, :make_interval_71::INTEGER, :make_interval_72::INTEGER, :lease_s::FLOAT)),
+     lease_expires_at=(now() + make_interval(:make_interval_1::INTEGER, :make_interval_2::INTEGER, :make_interval_3::INTEGER, :make_interval_4::INTEGER, :make_interval_5::INTEGER, :make_interval_6::INTEGER, :lease_s::FLOAT)),
      held_run_at=:param_3::TIMESTAMP WITH TIME ZONE,
      updated_at=now()
    FROM targets
@@ -661,7 +595,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 0
-                AND jobs.run_at > now() + make_interval(:make_interval_1::INTEGER, :make_interval_2::INTEGER, :make_interval_3::INTEGER, :make_interval_4::INTEGER, :make_interval_5::INTEGER, :make_interval_6::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
@@ -671,7 +605,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 1
-                AND jobs.run_at > now() + make_interval(:make_interval_7::INTEGER, :make_interval_8::INTEGER, :make_interval_9::INTEGER, :make_interval_10::INTEGER, :make_interval_11::INTEGER, :make_interval_12::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
@@ -681,7 +615,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 2
-                AND jobs.run_at > now() + make_interval(:make_interval_13::INTEGER, :make_interval_14::INTEGER, :make_interval_15::INTEGER, :make_interval_16::INTEGER, :make_interval_17::INTEGER, :make_interval_18::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
@@ -691,7 +625,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 3
-                AND jobs.run_at > now() + make_interval(:make_interval_19::INTEGER, :make_interval_20::INTEGER, :make_interval_21::INTEGER, :make_interval_22::INTEGER, :make_interval_23::INTEGER, :make_interval_24::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
@@ -701,7 +635,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 4
-                AND jobs.run_at > now() + make_interval(:make_interval_25::INTEGER, :make_interval_26::INTEGER, :make_interval_27::INTEGER, :make_interval_28::INTEGER, :make_interval_29::INTEGER, :make_interval_30::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
@@ -711,7 +645,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 5
-                AND jobs.run_at > now() + make_interval(:make_interval_31::INTEGER, :make_interval_32::INTEGER, :make_interval_33::INTEGER, :make_interval_34::INTEGER, :make_interval_35::INTEGER, :make_interval_36::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
@@ -721,7 +655,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 6
-                AND jobs.run_at > now() + make_interval(:make_interval_37::INTEGER, :make_interval_38::INTEGER, :make_interval_39::INTEGER, :make_interval_40::INTEGER, :make_interval_41::INTEGER, :make_interval_42::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
@@ -731,7 +665,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 7
-                AND jobs.run_at > now() + make_interval(:make_interval_43::INTEGER, :make_interval_44::INTEGER, :make_interval_45::INTEGER, :make_interval_46::INTEGER, :make_interval_47::INTEGER, :make_interval_48::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
@@ -741,7 +675,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 8
-                AND jobs.run_at > now() + make_interval(:make_interval_49::INTEGER, :make_interval_50::INTEGER, :make_interval_51::INTEGER, :make_interval_52::INTEGER, :make_interval_53::INTEGER, :make_interval_54::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))
@@ -751,7 +685,7 @@ FROM
               FROM jobs
               WHERE jobs.state IN ('scheduled', 'retrying')
                 AND jobs.priority = 9
-                AND jobs.run_at > now() + make_interval(:make_interval_55::INTEGER, :make_interval_56::INTEGER, :make_interval_57::INTEGER, :make_interval_58::INTEGER, :make_interval_59::INTEGER, :make_interval_60::INTEGER, :ahead_s::FLOAT)
+                AND jobs.run_at > now() + :ahead_s::FLOAT * interval '1 second'
                 AND jobs.run_at < 'infinity'::timestamptz
                 AND jobs.partition + 0::smallint = any(CAST(
                                                               (SELECT CAST(:partitions::VARCHAR AS SMALLINT[]) AS anon_1) AS SMALLINT[]))

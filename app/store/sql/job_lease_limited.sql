@@ -12,12 +12,6 @@
 --   :make_interval_5 = 0
 --   :make_interval_6 = 0
 --   :held_run_at = None
---   :make_interval_7 = 0
---   :make_interval_8 = 0
---   :make_interval_9 = 0
---   :make_interval_10 = 0
---   :make_interval_11 = 0
---   :make_interval_12 = 0
 --   :partition_1 = 1
 --   :coalesce_1 = -1
 
@@ -41,7 +35,7 @@ WHERE jobs.id = any(:ids::UUID[])
   AND jobs.state IN (
                        'scheduled',
                        'retrying')
-  AND jobs.run_at <= now() + make_interval(:make_interval_7::INTEGER, :make_interval_8::INTEGER, :make_interval_9::INTEGER, :make_interval_10::INTEGER, :make_interval_11::INTEGER, :make_interval_12::INTEGER, :ahead_s::FLOAT)
+  AND jobs.run_at <= now() + :ahead_s::FLOAT * interval '1 second'
   AND jobs.partition = any(CAST(
                                   (SELECT array_agg(partition_leases.partition) AS array_agg_1
                                    FROM partition_leases
