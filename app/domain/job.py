@@ -128,6 +128,15 @@ class ClaimedJob:
     # Later than its fire time and jitter only when a resume released it from a hold
     # (app/domain/occurrences.py: due_delay).
     due_at: dt.datetime | None = None
+    # The database's clock as the claim sent this row (its clock_timestamp(), where claimed_at
+    # is the statement's start): None where not read, as by the reaper.
+    sent_at: dt.datetime | None = None
+
+    @property
+    def clock_at(self) -> dt.datetime:
+        """The latest reading of the database's clock this row carries: none later than the
+        moment it reached the scheduler, so a wait measured from it errs late, never early."""
+        return self.claimed_at if self.sent_at is None else self.sent_at
 
     @property
     def fire_at(self) -> dt.datetime | None:

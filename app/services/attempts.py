@@ -216,13 +216,15 @@ class AttemptRunner:
 
 
 def _until_due_s(job: ClaimedJob, claimed_mono: float) -> float:
-    """Seconds until the job's due time on the database's clock (<= 0: due). claimed_at is the
-    claim statement's now(), read before it returned, so the wait errs late, never early."""
+    """Seconds until the job's due time on the database's clock (<= 0: due). The clock was read
+    as the claim sent the row, before `claimed_mono` (taken once it returned), so the wait errs
+    late, never early."""
     if job.due_at is None:
         return 0.0
-    return (job.due_at - job.claimed_at).total_seconds() - (time.monotonic() - claimed_mono)
+    return (job.due_at - job.clock_at).total_seconds() - (time.monotonic() - claimed_mono)
 
 
 def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:
-    """Now on the database's clock: its time at the claim plus local monotonic time since."""
-    return job.claimed_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)
+    """Now on the database's clock: its time as the claim sent the row plus local monotonic time
+    since the claim returned (a little behind, never ahead)."""
+    return job.clock_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)

@@ -216,6 +216,7 @@ def claimed_from_row(row: RowMapping, key_ring: KeyRing) -> ClaimedJob:
         cause_id=row["cause_id"],
         # The claim's own rows carry the run_at it found (app/store/claims.py); others do not.
         due_at=row.get("candidate_run_at"),
+        sent_at=row.get("sent_at"),
         completion=_completion(
             row["completion_mode"], row["completion_async_timeout_s"], row["completion_heartbeat_timeout_s"]
         ),

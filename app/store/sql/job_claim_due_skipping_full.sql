@@ -586,7 +586,8 @@ SELECT
   due.limited AS candidate_limited,
   due.run_at AS candidate_run_at,
   probe.db_now,
-  probe.next_due_at
+  probe.next_due_at,
+  clock_timestamp() AS sent_at
 FROM
   (SELECT
      now() AS db_now,

@@ -87,4 +87,5 @@ WHERE jobs.id = any(:ids::UUID[])
   coalesce(jobs.completion, targets.completion) AS completion_mode,
   coalesce(jobs.async_timeout_s, targets.async_timeout_s) AS completion_async_timeout_s,
   coalesce(jobs.heartbeat_timeout_s, targets.heartbeat_timeout_s) AS completion_heartbeat_timeout_s,
-  now() AS claimed_at;
+  now() AS claimed_at,
+  clock_timestamp() AS sent_at;
