@@ -173,7 +173,7 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(default=0.2, gt=0, le=60)
     # A scheduler claims the jobs falling due within this many seconds and POSTs each at its
     # due time, not a claim's round trip after it (0: only jobs already due).
-    claim_ahead_s: float = Field(default=0.025, ge=0, le=1)
+    claim_ahead_s: float = Field(default=0.05, ge=0, le=1)
     lease_s: float = Field(default=60.0, gt=0)
     # Targets may not ask for a longer HTTP deadline than this; the job lease must outlast it
     # by `lease_margin_s`, the time allowed to record an outcome after the POST returns.

@@ -1,7 +1,11 @@
 """When an idle scheduler wakes: at the next due time it learnt from its last claim, or
 earlier when a NOTIFY (app/services/due_listener.py) announces a job due before that; at
-most one poll interval later either way. It wakes `ahead_s` before a due time: the claim
-takes jobs that close to due (SchedulerConfig.claim_ahead_s).
+most one poll interval later either way. The claim takes jobs due within `ahead_s`
+(SchedulerConfig.claim_ahead_s); after one that drained that horizon, the next waits until
+the next due job is only half of it away, so that in a steady stream each claim takes half
+a horizon's worth (at 1,000 due/s, claims every ~5 ms for a few jobs each had cost
+PostgreSQL ~0.2 of a core) and every job is still claimed at least `ahead_s / 2` before it is
+due. A NOTIFY of a new job wakes a whole `ahead_s` before its due time.
 
 Due times come on the database's clock; waits run on the local monotonic clock. The offset
 between them is taken from the database's now() read with each next-due probe.
@@ -30,7 +34,7 @@ class WakePlan:
     def note_next_due(self, db_now: dt.datetime, next_due_at: dt.datetime | None) -> None:
         self._db_offset_s = db_now.timestamp() - time.monotonic()
         if next_due_at is not None:
-            self._next_due_mono = next_due_at.timestamp() - self._db_offset_s - self._ahead_s
+            self._next_due_mono = next_due_at.timestamp() - self._db_offset_s - self._ahead_s / 2
 
     def wait_s(self, poll_interval_s: float) -> float:
         """How long to sleep: until the next known due time, at most one poll interval."""

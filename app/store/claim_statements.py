@@ -124,7 +124,7 @@ def claim_statement(fenced: bool, skipping_full: bool) -> DriverStatement:
 
 def _claim_horizon() -> Any:
     """The latest run_at a claim takes: now, or `ahead_s` later. A scheduler claims the jobs
-    falling due within its next ~25 ms and holds each until its due time (app/services/
+    falling due within its next ~50 ms and holds each until its due time (app/services/
     attempts.py), so the POST leaves at the due time rather than a claim's round trip after
     it; the next-due probe looks beyond the same horizon."""
     # One bind parameter times a constant interval: make_interval(0, 0, 0, 0, 0, 0, x) would

@@ -63,7 +63,7 @@ async def test_a_job_due_in_a_moment_is_claimed_at_its_due_time_not_at_the_next_
 async def test_a_job_claimed_ahead_of_its_due_time_is_posted_at_it_never_before(
     engine: AsyncEngine, settings: Settings, client: httpx.AsyncClient, auth: dict[str, str], receiver: Receiver
 ) -> None:
-    # The longest claim-ahead allowed (1 s, the default is 25 ms): a POST made at the claim
+    # The longest claim-ahead allowed (1 s, the default is 50 ms): a POST made at the claim
     # rather than at the due time would arrive most of a second early.
     config = dataclasses.replace(
         SchedulerConfig.from_settings(settings), poll_interval_s=LONG_POLL_S, claim_ahead_s=1.0
