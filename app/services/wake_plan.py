@@ -8,7 +8,9 @@ PostgreSQL ~0.2 of a core) and every job is still claimed at least `ahead_s / 2`
 due. A NOTIFY of a new job wakes a whole `ahead_s` before its due time.
 
 Due times come on the database's clock; waits run on the local monotonic clock. The offset
-between them is taken from the database's now() read with each next-due probe.
+between them is taken from the latest clock reading each claim returns (app/services/
+scheduler.py): read before the claim returned, so a wake-up errs late by the answer's way
+back, never early.
 """
 
 from __future__ import annotations
