@@ -177,11 +177,8 @@ class Scheduler:
         for job in claimed:
             self.shares.take(job.tenant_id, _default_capped(job))
         if len(claimed) < requested:
-            # Drained what is due: wake when the next job falls due. Planned from the clock as
-            # the claim's last row left (its start when it took nothing): from the start, the
-            # claim's own duration would come off every job's claim-ahead.
-            clock = claimed[-1].clock_at if claimed else batch.db_now
-            self._wake_plan.note_next_due(clock, batch.next_due_at)
+            # Drained what is due: wake when the next job falls due.
+            self._wake_plan.note_next_due(batch.clock_at, batch.next_due_at)
         claimed_mono = time.monotonic()
         self._last_claim_mono = claimed_mono
         started: list[asyncio.Task[None]] = []

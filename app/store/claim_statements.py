@@ -50,7 +50,7 @@ from sqlalchemy.sql.elements import Grouping
 from app.db.driver import DriverStatement
 from app.domain.priority import MAX_PRIORITY, MIN_PRIORITY
 from app.domain.states import CLAIMABLE_STATES, JobState
-from app.store.job_rows import CLAIMED_JOB_COLUMNS, HELD
+from app.store.job_rows import CLAIMED_JOB_COLUMNS, HELD, SENT_AT
 from app.store.tables import int_constant, jobs, partition_leases, state_in, targets, tenants
 from app.store.targets import target_saturated_ids
 
@@ -111,10 +111,7 @@ def claim_statement(fenced: bool, skipping_full: bool) -> DriverStatement:
             due.c.run_at.label("candidate_run_at"),
             probe.c.db_now,
             probe.c.next_due_at,
-            # The clock as each row leaves, where now() is the statement's start: a claim's
-            # own duration (~5-15 ms under load) would otherwise add to every wait for a due
-            # time (app/services/attempts.py).
-            func.clock_timestamp().label("sent_at"),
+            SENT_AT,
         )
         .select_from(probe.outerjoin(due.outerjoin(claimed, claimed.c.id == due.c.id), true()))
         .order_by(due.c.rank)
@@ -359,5 +356,5 @@ def lease_limited_statement(fenced: bool) -> Any:
         update(jobs)
         .values(**_lease_values())
         .where(*_limited_conditions(fenced), targets.c.id == jobs.c.target_id)
-        .returning(*CLAIMED_JOB_COLUMNS, func.clock_timestamp().label("sent_at"))
+        .returning(*CLAIMED_JOB_COLUMNS, SENT_AT)
     )

@@ -52,6 +52,13 @@ class ClaimBatch:
     db_now: dt.datetime
     next_due_at: dt.datetime | None
 
+    @property
+    def clock_at(self) -> dt.datetime:
+        """The database's clock as the claim's last row left (its start when it took nothing):
+        what to plan the next wake from. From the start, the claim's own duration would come
+        off every job's claim-ahead."""
+        return max(job.clock_at for job in self.jobs) if self.jobs else self.db_now
+
 
 async def job_claim_due(
     conn: AsyncConnection, key_ring: KeyRing, owner: str, limit: int, lease_s: float, held: dict[int, int] | None = None

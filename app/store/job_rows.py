@@ -46,6 +46,11 @@ _NOT_READ_ON_CLAIM = frozenset(
 # held. The run_at it had waits in held_run_at. (asyncpg reads it as a naive datetime.max.)
 HELD: ColumnElement[dt.datetime] = literal_column("'infinity'::timestamptz")
 
+# The database's clock as a claimed row leaves the statement, where now() is the statement's
+# start: a claim's own duration (~5-15 ms under load) would otherwise come off every wait for
+# a due time (app/services/attempts.py). Read as ClaimedJob.sent_at.
+SENT_AT = func.clock_timestamp().label("sent_at")
+
 # What a claimed job is read with (claim and reaper alike): the job, its target's delivery
 # settings, and the database's now() as `claimed_at`.
 CLAIMED_JOB_COLUMNS = (

@@ -8,6 +8,7 @@ meanwhile) and writes nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from typing import Any
@@ -94,23 +95,20 @@ def _settled(item: FinishedAttempt) -> str | None:
 _REPORT_COLUMNS: list[tuple[str, Any]] = [("result", Text)]
 
 
-# The batch statement's two variants, built once each (see _finish_statement).
-_FINISH_STATEMENTS: dict[bool, DriverStatement] = {}
-
-
 def _finish_statement(reported: bool = False) -> DriverStatement:
     """The batch's UPDATE of jobs with the attempts' run rows as a data-modifying CTE: one
     statement, one round trip, built and compiled once (for the driver: app/db/driver.py).
     The batch travels as one typed array per column (bind parameters named after the
     columns), unnested into rows. `reported`: the variant for receivers' reports, whose runs
-    also get a result and reported_at (the scheduler's batches never use it).
+    also get a result and reported_at (the scheduler's batches never use it)."""
+    return _built_finish_statement(bool(reported))
 
-    Kept by variant in _FINISH_STATEMENTS, not by functools.cache, which keys `f()` and
-    `f(reported=False)` apart: the warm-up compiled one object and each scheduler's first real
-    batch another (~65 ms of its CPU among its first deliveries, which arrived 40-100 ms late)."""
-    reported = bool(reported)
-    if reported in _FINISH_STATEMENTS:
-        return _FINISH_STATEMENTS[reported]
+
+# Positional-only under functools.cache, which keys `f()` and `f(reported=False)` apart: with
+# two keys, the warm-up compiled one object and each scheduler's first real batch another
+# (~65 ms of its CPU among its first deliveries, which arrived 40-100 ms late).
+@functools.cache
+def _built_finish_statement(reported: bool, /) -> DriverStatement:
     columns = _OUTCOME_COLUMNS + (_REPORT_COLUMNS if reported else [])
     # Named apart from jobs' columns: a parameter named like a column would become a SET.
     arrays = [bindparam(f"outcome_{name}", type_=ARRAY(type_)) for name, type_ in columns]
@@ -202,10 +200,9 @@ def _finish_statement(reported: bool = False) -> DriverStatement:
     fired = _fire_children(applied, outcome.alias("settling"), reported).cte("fired")
     emitted = emit_occurrence_events(applied)
     tripped = trip_auto_pauses(applied)
-    built = _FINISH_STATEMENTS[reported] = DriverStatement(
+    return DriverStatement(
         select(applied.c.id, applied.c.lease_token).add_cte(written).add_cte(fired).add_cte(emitted).add_cte(tripped)
     )
-    return built
 
 
 def _health_values(settled: Any) -> dict[str, Any]:
