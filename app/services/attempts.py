@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime as dt
 import logging
 import random
 import time
@@ -19,6 +18,7 @@ import time
 from app import metrics
 from app.db.async_engine import AsyncEngine
 from app.domain.completion import completion_url, mint_token
+from app.domain.db_clock import DbClock, db_now, until_s
 from app.domain.job import ClaimedJob, FinishedAttempt, OpenedAttempt
 from app.domain.lifecycle import after_attempt
 from app.domain.occurrences import due_delay, next_after_run, plan_due
@@ -52,6 +52,9 @@ class AttemptRunner:
         self._ownership = ownership
         self._rng = rng
         self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s, config.egress)
+        # The database's clock as this process knows it, from the claims' readings (the
+        # scheduler feeds it each claim's): when a job is due here, what an attempt's time is.
+        self.clock = DbClock()
         self._recorder = OutcomeRecorder(engine)
 
     async def start(self) -> None:
@@ -99,21 +102,25 @@ class AttemptRunner:
         """The POST (after the misfire and hand-off steps of a recurring job) and the step it
         leads to (or, for an async delivery answered 202, the attempt left open); None when
         nothing was sent (untrusted lease, nothing due, lease lost)."""
+        offset_s = self._offset_s(job, claimed_mono)
         # Claimed a little ahead (SchedulerConfig.claim_ahead_s): nothing happens before its
-        # due time, on the database's clock.
-        early_s = _until_due_s(job, claimed_mono)
-        if early_s > 0:
+        # due time, on the database's clock. Checked again after each sleep: the event loop's
+        # timers may fire up to a millisecond before the time asked for.
+        due_at = job.due_at
+        early_s = 0.0 if due_at is None else until_s(due_at, offset_s, time.monotonic())
+        while due_at is not None and early_s > 0:
             await asyncio.sleep(early_s)
+            early_s = until_s(due_at, offset_s, time.monotonic())
         partition = job.partition
         if not await self._still_trusted(job, partition, epoch, claimed_mono):
             return None
         if job.recurrence is not None and job.attempt == 1:
-            settled = await self._settle_misfire(job, claimed_mono)
+            settled = await self._settle_misfire(job, offset_s)
             if settled is None:
                 return None
             job = settled
             if job.recurrence is not None and job.recurrence.hands_off_occurrences:
-                child = await self._hand_off(job, claimed_mono)
+                child = await self._hand_off(job, offset_s)
                 if child is None:
                     return None
                 job = child
@@ -126,7 +133,7 @@ class AttemptRunner:
         try:
             result = await self._dispatcher.deliver(
                 job,
-                _db_clock(job, claimed_mono),
+                db_now(offset_s, time.monotonic()),
                 lambda: self._trust_holds(partition, epoch, claimed_mono),
                 None if token is None else completion_url(self.config.completion_base_url, token),
             )
@@ -138,12 +145,18 @@ class AttemptRunner:
         step = after_attempt(
             job.attempt_context(),
             result.succeeded,
-            _db_clock(job, claimed_mono),
+            db_now(offset_s, time.monotonic()),
             self._rng,
             retryable=result.retryable,
             retry_after_s=result.retry_after_s,
         )
         return FinishedAttempt(job, result, step)
+
+    def _offset_s(self, job: ClaimedJob, claimed_mono: float) -> float:
+        """The database clock's offset for this attempt: the process's (DbClock, fed by the
+        claim before its jobs start), else this job's own claim's bound."""
+        offset_s = self.clock.offset_s()
+        return claimed_mono - job.clock_at.timestamp() if offset_s is None else offset_s
 
     async def _still_trusted(self, job: ClaimedJob, partition: int, epoch: int, claimed_mono: float) -> bool:
         """Trust the lease only while it can still outlive the POST, and only while this replica
@@ -167,11 +180,11 @@ class AttemptRunner:
         level = logging.INFO if self._ownership.leaving else logging.WARNING
         log_event(logger, "lease_untrusted_released", level, job_id=str(job.id), released=released)
 
-    async def _hand_off(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
+    async def _hand_off(self, job: ClaimedJob, offset_s: float) -> ClaimedJob | None:
         """overlap_policy allow: the occurrence goes to a child job and the parent moves on to
         its next fire time now, so a slow delivery never holds the next one back."""
         assert job.recurrence is not None
-        now = _db_clock(job, claimed_mono)
+        now = db_now(offset_s, time.monotonic())
         following = next_after_run(
             job.recurrence, job.scheduled_for, now, job.occurrences_run + 1, claimed_at=job.occurrence_claimed_at
         )
@@ -184,12 +197,12 @@ class AttemptRunner:
             log_event(logger, "schedule_ended", job_id=str(job.id), state="succeeded", reason=ended)
         return child
 
-    async def _settle_misfire(self, job: ClaimedJob, claimed_mono: float) -> ClaimedJob | None:
+    async def _settle_misfire(self, job: ClaimedJob, offset_s: float) -> ClaimedJob | None:
         """Applies the job's misfire policy to a late occurrence; returns the job to deliver
         (possibly for another fire time), or None when nothing is to be delivered now."""
         assert job.recurrence is not None
         rec = job.recurrence
-        now = _db_clock(job, claimed_mono)
+        now = db_now(offset_s, time.monotonic())
         # A jittered occurrence is late only past its own fire time's grace; one a resume
         # released from a hold, only past the grace from its release.
         jitter = jitter_delay(job.id, job.scheduled_for, rec.jitter_s)
@@ -213,18 +226,3 @@ class AttemptRunner:
         if not applied or plan.deliver_at is None:
             return None
         return dataclasses.replace(job, scheduled_for=plan.deliver_at)
-
-
-def _until_due_s(job: ClaimedJob, claimed_mono: float) -> float:
-    """Seconds until the job's due time on the database's clock (<= 0: due). The clock was read
-    as the claim sent the row, before `claimed_mono` (taken once it returned), so the wait errs
-    late, never early."""
-    if job.due_at is None:
-        return 0.0
-    return (job.due_at - job.clock_at).total_seconds() - (time.monotonic() - claimed_mono)
-
-
-def _db_clock(job: ClaimedJob, claimed_mono: float) -> dt.datetime:
-    """Now on the database's clock: its time as the claim sent the row plus local monotonic time
-    since the claim returned (a little behind, never ahead)."""
-    return job.clock_at + dt.timedelta(seconds=time.monotonic() - claimed_mono)

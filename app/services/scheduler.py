@@ -174,6 +174,8 @@ class Scheduler:
 
         claimed = batch.jobs
         self.claim_answers.answered(batch)
+        # Before the jobs start: their waits for the due time map it with this.
+        self.attempts.clock.observe(batch.received_mono, batch.clock_at)
         for job in claimed:
             self.shares.take(job.tenant_id, _default_capped(job))
         if len(claimed) < requested:

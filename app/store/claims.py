@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -51,6 +52,9 @@ class ClaimBatch:
     # partitions (None: nothing waits): when to look again after draining what is due.
     db_now: dt.datetime
     next_due_at: dt.datetime | None
+    # Local monotonic time once the answer was in hand (before its rows were decoded): after
+    # every clock reading the claim returned (app/domain/db_clock.py).
+    received_mono: float
 
     @property
     def clock_at(self) -> dt.datetime:
@@ -136,6 +140,7 @@ async def job_claim_batch(
         async with _transaction(conn):  # SET LOCAL holds for the claim's transaction only
             await conn.execute(plan_setting)
             rows = await _claim_rows(conn, statement, params, owner, lease_s)
+    received_mono = time.monotonic()
     db_now, next_due_at = rows.db_now, rows.next_due_at
     claimed: list[ClaimedJob] = []
     for row in rows.leased:
@@ -143,7 +148,7 @@ async def job_claim_batch(
             claimed.append(claimed_from_row(row, key_ring))
         except Exception as exc:  # one row that cannot be loaded must not stop every delivery
             await job_quarantine(conn, row["id"], row["lease_token"], f"{type(exc).__name__}: {exc}"[:300])
-    return ClaimBatch(claimed, db_now, next_due_at)
+    return ClaimBatch(claimed, db_now, next_due_at, received_mono)
 
 
 def _plan_setting(conn: AsyncConnection) -> Any:
