@@ -44,6 +44,7 @@ class AttemptRunner:
         key_ring: KeyRing,
         ownership: PartitionOwnership,
         rng: random.Random,
+        clock: DbClock,
     ) -> None:
         self._engine = engine
         self.config = config
@@ -52,9 +53,9 @@ class AttemptRunner:
         self._ownership = ownership
         self._rng = rng
         self._dispatcher = Dispatcher(config.concurrency, config.max_target_timeout_s, config.egress)
-        # The database's clock as this process knows it, from the claims' readings (the
-        # scheduler feeds it each claim's): when a job is due here, what an attempt's time is.
-        self.clock = DbClock()
+        # The database's clock as this process knows it (the scheduler feeds it each claim's
+        # reading): when a job is due here, what an attempt's time is.
+        self._clock = clock
         self._recorder = OutcomeRecorder(engine)
 
     async def start(self) -> None:
@@ -155,7 +156,7 @@ class AttemptRunner:
     def _offset_s(self, job: ClaimedJob, claimed_mono: float) -> float:
         """The database clock's offset for this attempt: the process's (DbClock, fed by the
         claim before its jobs start), else this job's own claim's bound."""
-        offset_s = self.clock.offset_s()
+        offset_s = self._clock.offset_s()
         return claimed_mono - job.clock_at.timestamp() if offset_s is None else offset_s
 
     async def _still_trusted(self, job: ClaimedJob, partition: int, epoch: int, claimed_mono: float) -> bool:

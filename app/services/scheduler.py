@@ -23,6 +23,7 @@ from sqlalchemy.pool import QueuePool
 from app.db.async_engine import AsyncEngine
 from app.db.errors import is_transient_db_error
 from app.db.watch import DB_WATCH
+from app.domain.db_clock import DbClock
 from app.domain.fair_share import SlotShares, tenant_share_of
 from app.domain.job import ClaimedJob
 from app.keyring import KeyRing
@@ -81,13 +82,16 @@ class Scheduler:
         self.ownership = PartitionOwnership(
             engine, config.replica_id, config.partition_lease_s, config.partition_renew_s, on_acquired=self.wake.set
         )
+        # The database's clock as this process knows it, from its claims' readings: when a
+        # claimed job is due here, what an attempt's time is, when to claim again.
+        self.clock = DbClock()
         # What happens to each claimed job between its claim and its outcome's record.
-        self.attempts = AttemptRunner(engine, config, key_ring, self.ownership, self._rng)
+        self.attempts = AttemptRunner(engine, config, key_ring, self.ownership, self._rng, self.clock)
         # Deliveries in flight, with the lease token each holds.
         self._tasks: dict[asyncio.Task[None], uuid.UUID] = {}
         self.claim_answers = ClaimAnswers(engine, config.replica_id, config.lease_s, config.claim_ahead_s)
         self._started = False
-        self._wake_plan = WakePlan(self.wake, config.claim_ahead_s)
+        self._wake_plan = WakePlan(self.wake, self.clock, config.claim_ahead_s)
         self._last_claim_mono = float("-inf")
         # Free delivery slots worth a claim while deliveries are in flight.
         self._refill = max(1, min(config.batch_size, config.concurrency) // 2)
@@ -174,13 +178,13 @@ class Scheduler:
 
         claimed = batch.jobs
         self.claim_answers.answered(batch)
-        # Before the jobs start: their waits for the due time map it with this.
-        self.attempts.clock.observe(batch.received_mono, batch.clock_at)
+        # Before the jobs start and the next wake is planned: both map due times with it.
+        self.clock.observe(batch.received_mono, batch.clock_at)
         for job in claimed:
             self.shares.take(job.tenant_id, _default_capped(job))
         if len(claimed) < requested:
             # Drained what is due: wake when the next job falls due.
-            self._wake_plan.note_next_due(batch.clock_at, batch.next_due_at)
+            self._wake_plan.note_next_due(batch.next_due_at)
         claimed_mono = time.monotonic()
         self._last_claim_mono = claimed_mono
         started: list[asyncio.Task[None]] = []

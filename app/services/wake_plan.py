@@ -7,10 +7,9 @@ a horizon's worth (at 1,000 due/s, claims every ~5 ms for a few jobs each had co
 PostgreSQL ~0.2 of a core) and every job is still claimed at least `ahead_s / 2` before it is
 due. A NOTIFY of a new job wakes a whole `ahead_s` before its due time.
 
-Due times come on the database's clock; waits run on the local monotonic clock. The offset
-between them is taken from the latest clock reading each claim returns (app/services/
-scheduler.py): read before the claim returned, so a wake-up errs late by the answer's way
-back, never early.
+Due times come on the database's clock; waits run on the local monotonic clock. They are
+mapped with the scheduler process's DbClock (app/domain/db_clock.py), the same mapping the
+deliveries' waits use: a wake-up errs late, never early.
 """
 
 from __future__ import annotations
@@ -19,24 +18,26 @@ import asyncio
 import datetime as dt
 import time
 
+from app.domain.db_clock import DbClock
+
 
 class WakePlan:
-    def __init__(self, wake: asyncio.Event, ahead_s: float = 0.0) -> None:
+    def __init__(self, wake: asyncio.Event, clock: DbClock, ahead_s: float = 0.0) -> None:
         self._wake = wake
+        self._clock = clock
         self._ahead_s = ahead_s
         self._next_due_mono: float | None = None
         self._planned_mono: float | None = None
-        # The database's clock as epoch seconds = local monotonic time + this offset.
-        self._db_offset_s: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def forget_next_due(self) -> None:
         self._next_due_mono = None
 
-    def note_next_due(self, db_now: dt.datetime, next_due_at: dt.datetime | None) -> None:
-        self._db_offset_s = db_now.timestamp() - time.monotonic()
-        if next_due_at is not None:
-            self._next_due_mono = next_due_at.timestamp() - self._db_offset_s - self._ahead_s / 2
+    def note_next_due(self, next_due_at: dt.datetime | None) -> None:
+        """The next due time a claim reported (after the clock saw that claim's reading)."""
+        offset_s = self._clock.offset_s()
+        if next_due_at is not None and offset_s is not None:
+            self._next_due_mono = next_due_at.timestamp() + offset_s - self._ahead_s / 2
 
     def wait_s(self, poll_interval_s: float) -> float:
         """How long to sleep: until the next known due time, at most one poll interval."""
@@ -51,10 +52,11 @@ class WakePlan:
     def on_due(self, due_epoch_s: float | None) -> None:
         """A job became due at `due_epoch_s` (None: notices may have been lost): wake at that
         time when it is earlier than the planned wake-up."""
-        if due_epoch_s is None or self._db_offset_s is None:
+        offset_s = self._clock.offset_s()
+        if due_epoch_s is None or offset_s is None:
             self._wake.set()
             return
-        due_mono = due_epoch_s - self._db_offset_s - self._ahead_s
+        due_mono = due_epoch_s + offset_s - self._ahead_s
         if self._planned_mono is not None and due_mono >= self._planned_mono:
             return
         self._planned_mono = due_mono
